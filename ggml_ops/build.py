@@ -1,0 +1,177 @@
+"""Build and install the patched llama-cpp-python that tfm-local runs on.
+
+Steps: fetch the pinned sdist from PyPI (sha256-checked), unpack it, copy our
+own sources (``ggml_ops/src``) into its vendored llama.cpp, apply the numbered
+patch series (``ggml_ops/patches/*.patch``, ``patch -p1``), build a wheel and
+install it. The wheel is cached under ``$TFM_CACHE`` (default
+``~/.cache/tfm-local``) keyed by the sdist version, a hash of the patch series
+and sources, and the build options, so a second install takes seconds.
+
+Options come from the environment:
+  TFM_CUDA=1            build the CUDA backend (-DGGML_CUDA=ON)
+  TFM_CUDA_ARCHS=90     CUDA architectures (default: native)
+  TFM_CMAKE_ARGS="..."  extra CMake arguments
+  TFM_BUILD_JOBS=N      parallel build jobs (default: CPU count)
+
+Usage: python ggml_ops/build.py [--python PY] [--force] [--print-key]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+SDIST_VERSION = "0.3.36"
+SDIST_URL = (
+    "https://files.pythonhosted.org/packages/ec/e9/"
+    "e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
+    "llama_cpp_python-0.3.36.tar.gz"
+)
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
+HERE = Path(__file__).resolve().parent
+PATCH_DIR = HERE / "patches"
+SRC_DIR = HERE / "src"
+# Parts of the package we never use: leaving them out halves the build.
+BASE_CMAKE_ARGS = [
+    "-DLLAVA_BUILD=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+]
+
+
+def cache_dir() -> Path:
+    """Root of tfm-local's user cache (``$TFM_CACHE`` or ``~/.cache/tfm-local``)."""
+    return Path(os.environ.get("TFM_CACHE", Path.home() / ".cache" / "tfm-local"))
+
+
+def cmake_args() -> list[str]:
+    """CMake arguments for this build, from the environment (see module doc)."""
+    args = list(BASE_CMAKE_ARGS)
+    if os.environ.get("TFM_CUDA", "0") not in ("", "0"):
+        archs = os.environ.get("TFM_CUDA_ARCHS", "native")
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+    args += os.environ.get("TFM_CMAKE_ARGS", "").split()
+    return args
+
+
+def build_key() -> str:
+    """Hash of everything that changes the built library: sdist, patches, sources, options."""
+    h = hashlib.sha256()
+    h.update(SDIST_SHA256.encode())
+    for d in (PATCH_DIR, SRC_DIR):
+        for f in sorted(d.iterdir()):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    h.update(" ".join(cmake_args()).encode())
+    h.update(os.uname().machine.encode())
+    return h.hexdigest()[:16]
+
+
+def fetch_sdist() -> Path:
+    """Return the pinned sdist, downloading it once; raises RuntimeError on a bad checksum."""
+    dest = cache_dir() / "sdist" / SDIST_URL.rsplit("/", 1)[1]
+    if dest.exists() and _sha256(dest) == SDIST_SHA256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[tfm-build] downloading {SDIST_URL}", flush=True)
+    tmp = dest.with_suffix(".part")
+    with urllib.request.urlopen(SDIST_URL, timeout=120) as r, open(tmp, "wb") as f:
+        shutil.copyfileobj(r, f)
+    if _sha256(tmp) != SDIST_SHA256:
+        tmp.unlink()
+        raise RuntimeError("llama-cpp-python sdist checksum mismatch; refusing to build")
+    tmp.replace(dest)
+    return dest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def prepare_source(work: Path) -> Path:
+    """Unpack the sdist into ``work``, add our sources, apply the patch series."""
+    with tarfile.open(fetch_sdist()) as tar:
+        tar.extractall(work, filter="data")
+    root = work / f"llama_cpp_python-{SDIST_VERSION}"
+    dst = root / "vendor" / "llama.cpp" / "src"
+    for f in sorted(SRC_DIR.iterdir()):
+        shutil.copy2(f, dst / f.name)
+    for p in sorted(PATCH_DIR.glob("*.patch")):
+        print(f"[tfm-build] applying {p.name}", flush=True)
+        subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(p)], cwd=root,
+                       check=True, stdout=subprocess.DEVNULL)
+    return root
+
+
+def build_wheel(key: str) -> Path:
+    """Build (or reuse) the wheel for ``key``; returns its path."""
+    out = cache_dir() / "wheels" / key
+    wheels = list(out.glob("*.whl")) if out.exists() else []
+    if wheels:
+        return wheels[0]
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="tfm-build-") as tmp:
+        root = prepare_source(Path(tmp))
+        env = dict(os.environ)
+        env["CMAKE_ARGS"] = " ".join(cmake_args())
+        env["CMAKE_BUILD_PARALLEL_LEVEL"] = os.environ.get("TFM_BUILD_JOBS", str(os.cpu_count() or 2))
+        stage = Path(tmp) / "wheel"
+        print(f"[tfm-build] building wheel ({env['CMAKE_ARGS']})", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(stage), str(root)],
+                       check=True, env=env)
+        built = next(stage.glob("*.whl"))
+        out.mkdir(parents=True, exist_ok=True)
+        tmp_whl = out / (built.name + ".part")
+        shutil.copy2(built, tmp_whl)
+        tmp_whl.replace(out / built.name)
+    print(f"[tfm-build] built in {time.time() - t0:.0f} s", flush=True)
+    return out / built.name
+
+
+def install(python: str, force: bool = False) -> None:
+    """Install the patched wheel into the interpreter ``python`` unless already there."""
+    key = build_key()
+    marker = Path(subprocess.check_output(
+        [python, "-c", "import sys; print(sys.prefix)"], text=True).strip()) / "tfm-llama-build.key"
+    if not force and marker.exists() and marker.read_text().strip() == key:
+        print(f"[tfm-build] patched llama-cpp-python {key} already installed", flush=True)
+        return
+    wheel = build_wheel(key)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+                   check=True)
+    # numpy, typing-extensions, diskcache, jinja2: llama-cpp-python's own runtime needs.
+    subprocess.run([python, "-m", "pip", "install", "-q", "numpy", "typing-extensions", "diskcache",
+                    "jinja2"], check=True)
+    marker.write_text(key + "\n")
+    print(f"[tfm-build] installed patched llama-cpp-python {key}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--python", default=sys.executable, help="interpreter to install into")
+    ap.add_argument("--force", action="store_true", help="reinstall even if the key matches")
+    ap.add_argument("--print-key", action="store_true", help="print the build key and exit")
+    a = ap.parse_args()
+    if a.print_key:
+        print(build_key())
+        return
+    install(a.python, a.force)
+
+
+if __name__ == "__main__":
+    main()

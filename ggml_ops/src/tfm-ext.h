@@ -1,0 +1,39 @@
+// tfm-local: a small C API over llama.cpp internals that the Python driver needs.
+//
+// llama-ext.h exposes these with C++ linkage (mangled names that differ per
+// compiler); this header gives them stable C names that cffi can bind in ABI
+// mode. Every function here is a thin forwarder; tfm_api_version() lets the
+// Python side refuse a library built from another patch series.
+#pragma once
+
+#include "llama.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Version of this API; bumped whenever a function is added or changed.
+LLAMA_API int32_t tfm_api_version(void);
+
+// Turn on/off the extraction of the input of layer `il` (the residual stream
+// entering block il) for every token of the following batches.
+// Call before the first decode of the context: it forces a scheduler reserve.
+LLAMA_API void tfm_set_layer_inp(struct llama_context * ctx, uint32_t il, bool value);
+
+// Input features of layer `il` for every token of the last batch, row-major
+// [n_tokens, n_embd] float32, or NULL when extraction is off for that layer.
+LLAMA_API const float * tfm_get_layer_inp(struct llama_context * ctx, uint32_t il);
+
+// Layer-input indices a DFlash drafter reads from its target (GGUF key
+// dflash.target_layers); *n receives their count. NULL for other models.
+LLAMA_API const int32_t * tfm_model_target_layers(const struct llama_model * model, uint32_t * n);
+
+// DFlash2 selector top-k (0 when the drafter has no path selector).
+LLAMA_API int32_t tfm_model_selector_top_k(const struct llama_model * model);
+
+#ifdef __cplusplus
+}
+#endif
