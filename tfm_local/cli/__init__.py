@@ -1,0 +1,1 @@
+"""Command-line tools: tfm-chat, tfm-bench (thin: parse, call, print)."""

@@ -1,0 +1,55 @@
+"""Arguments and engine construction shared by the command-line tools."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def fail(msg: str, code: int = 2) -> None:
+    """Print ``prog: error: msg`` and exit without a traceback."""
+    prog = sys.argv[0].rsplit("/", 1)[-1] or "tfm"
+    print(f"{prog}: error: {msg}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def add_engine_args(ap: argparse.ArgumentParser) -> None:
+    """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads."""
+    ap.add_argument("--target", default=None,
+                    help="target GGUF: a path, owner/repo:file.gguf or a built-in name "
+                         "(default qwen2.5-coder-1.5b-instruct)")
+    ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
+                    "'auto' = the default drafter of the target")
+    ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
+    ap.add_argument("--budget", type=int, default=None, help="draft tokens verified per step (default block size - 1)")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
+    ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
+    ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
+
+
+def add_sampling_args(ap: argparse.ArgumentParser) -> None:
+    """--temperature, --top-k, --top-p, --min-p, --seed."""
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=None)
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                seed=args.seed)
+
+
+def engine_from_args(args: argparse.Namespace):
+    """Build the Engine; model and drafter problems end the program with a clear message."""
+    from ..engine import Engine
+
+    try:
+        return Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
+                      n_ctx=args.n_ctx, budget=args.budget, kv_type=args.kv_type,
+                      drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
+                      n_gpu_layers=0 if args.cpu else -1)
+    except (OSError, ValueError, RuntimeError) as e:
+        fail(str(e))

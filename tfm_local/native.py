@@ -1,0 +1,89 @@
+"""cffi bindings (ABI mode) for the C API that our patch series adds to llama.cpp.
+
+llama-cpp-python binds the public llama.h API and part of llama-ext.h; the
+rest of what the driver needs is exported with C linkage by
+``ggml_ops/src/tfm-ext.h`` and bound here. The library is opened by soname
+(``libllama.so.0``) *after* ``llama_cpp`` has loaded it, so the process holds
+one copy of llama.cpp and ggml (opening by file path would load a second one;
+see shared/DESIGN.md §2).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import cffi
+import numpy as np
+
+API_VERSION = 1
+
+_CDEF = """
+int32_t tfm_api_version(void);
+void tfm_set_layer_inp(void * ctx, uint32_t il, bool value);
+const float * tfm_get_layer_inp(void * ctx, uint32_t il);
+const int32_t * tfm_model_target_layers(const void * model, uint32_t * n);
+int32_t tfm_model_selector_top_k(const void * model);
+"""
+
+
+class NativeError(RuntimeError):
+    """The patched llama.cpp library is missing or was built from another patch series."""
+
+
+@functools.lru_cache(maxsize=1)
+def lib():
+    """Return ``(ffi, lib)`` for the patched libllama; raises NativeError when unusable."""
+    import llama_cpp  # noqa: F401  (loads libllama into the process first)
+
+    ffi = cffi.FFI()
+    ffi.cdef(_CDEF)
+    try:
+        handle = ffi.dlopen("libllama.so.0")
+        version = handle.tfm_api_version()
+    except (OSError, AttributeError) as e:
+        raise NativeError(
+            "llama-cpp-python is not the tfm-local patched build (tfm_api_version missing): "
+            "run `python ggml_ops/build.py` (or `make install`)") from e
+    if version != API_VERSION:
+        raise NativeError(f"patched llama.cpp API version {version}, this tfm-local needs {API_VERSION}: "
+                          "rebuild with `python ggml_ops/build.py`")
+    return ffi, handle
+
+
+def _ptr(obj) -> int:
+    """Address of a ctypes pointer returned by llama_cpp (context or model)."""
+    return ctypes.cast(obj, ctypes.c_void_p).value or 0
+
+
+def set_layer_inp(ctx, il: int, value: bool = True) -> None:
+    """Enable/disable extraction of the input features of target layer ``il`` for ``ctx``."""
+    ffi, h = lib()
+    h.tfm_set_layer_inp(ffi.cast("void *", _ptr(ctx)), il, value)
+
+
+def get_layer_inp(ctx, il: int, n_tokens: int, n_embd: int) -> np.ndarray:
+    """Input features of layer ``il`` for the last batch: a float32 view ``[n_tokens, n_embd]``.
+
+    The view aliases llama.cpp's buffer and is valid until the next decode;
+    raises NativeError when extraction of ``il`` is off.
+    """
+    ffi, h = lib()
+    p = h.tfm_get_layer_inp(ffi.cast("void *", _ptr(ctx)), il)
+    if p == ffi.NULL:
+        raise NativeError(f"layer {il} input features were not extracted")
+    buf = ffi.buffer(p, n_tokens * n_embd * 4)
+    return np.frombuffer(buf, dtype=np.float32).reshape(n_tokens, n_embd)
+
+
+def model_target_layers(model) -> list[int]:
+    """Layer-input indices a DFlash drafter reads from its target (``dflash.target_layers``)."""
+    ffi, h = lib()
+    n = ffi.new("uint32_t *")
+    p = h.tfm_model_target_layers(ffi.cast("void *", _ptr(model)), n)
+    return [] if p == ffi.NULL else [int(p[i]) for i in range(n[0])]
+
+
+def model_selector_top_k(model) -> int:
+    """DFlash2 path-selector top-k of a drafter model (0 for plain DFlash)."""
+    ffi, h = lib()
+    return int(h.tfm_model_selector_top_k(ffi.cast("void *", _ptr(model))))

@@ -1,0 +1,109 @@
+"""The target side: prefill, one-pass verification of drafted tokens, commit, features.
+
+The target's KV cache always holds the committed tokens at positions
+``0 .. n_past-1``; the last emitted token is not yet in it (it is the root of
+the next verification). Verification decodes ``[root, d_1 .. d_k]`` at
+``n_past ..`` with logits for every row; commit keeps the root and the
+accepted drafts and drops the rest (``seq_rm`` by position, exact for a chain).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import native
+from .llm import Context, Model
+from .tokenizer import Tokenizer
+
+
+class ContextOverflowError(ValueError):
+    """The prompt (plus at least one new token) does not fit in the context."""
+
+
+class Target:
+    """A target model and its context.
+
+    Args:
+        path: GGUF file of the target.
+        n_ctx: context length (tokens). n_batch: prefill chunk (tokens).
+        kv_type: KV cache type ("f16", "q8_0").
+        n_gpu_layers: layers offloaded when a GPU backend exists (-1 = all).
+    """
+
+    def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, n_batch: int = 512,
+                 kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1):
+        self.model = Model(path, n_gpu_layers=n_gpu_layers)
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                           kv_type=kv_type, n_threads=n_threads)
+        self.tok = Tokenizer(self.model)
+        self.n_ctx = self.ctx.n_ctx
+        self.n_batch = n_batch
+        self.feature_layers: list[int] = []
+        self.n_past = 0
+
+    # -- features ------------------------------------------------------------------------
+    def enable_features(self, layers: list[int]) -> None:
+        """Extract the inputs of ``layers`` (0..n_layer) on every following decode.
+
+        Raises ValueError for a layer index outside the target.
+        """
+        bad = [il for il in layers if not 0 <= il <= self.model.n_layer]
+        if bad:
+            raise ValueError(f"target layers {bad} out of range for a {self.model.n_layer}-layer target")
+        for il in layers:
+            native.set_layer_inp(self.ctx.ptr, il, True)
+        self.feature_layers = list(layers)
+
+    def features(self, rows: np.ndarray | slice, n_tokens: int) -> np.ndarray:
+        """Concatenated layer inputs ``[len(rows), n_layers * n_embd]`` float32 of the last batch."""
+        parts = [native.get_layer_inp(self.ctx.ptr, il, n_tokens, self.model.n_embd)[rows]
+                 for il in self.feature_layers]
+        return np.concatenate(parts, axis=1)
+
+    # -- decoding ------------------------------------------------------------------------
+    def check_fits(self, n_prompt: int) -> None:
+        """Raise ContextOverflowError unless a prompt of ``n_prompt`` tokens leaves room to generate."""
+        if n_prompt + 1 > self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt is {n_prompt} tokens; the context holds {self.n_ctx} (prompt + at least 1 new token). "
+                "Shorten the prompt or raise n_ctx.")
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        self.ctx.clear()
+        self.n_past = 0
+
+    def prefill(self, tokens: list[int], on_chunk=None) -> np.ndarray:
+        """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits.
+
+        ``on_chunk(pos0, n)`` is called after each chunk, while its features are readable.
+        """
+        self.check_fits(len(tokens))
+        self.reset()
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            self.ctx.decode_tokens(chunk, s, "last")
+            if on_chunk is not None:
+                on_chunk(s, len(chunk))
+        self.n_past = len(tokens)
+        return self.ctx.logits(1)[0]
+
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """Decode ``[root, drafts...]`` at ``n_past..``; logits ``[len(tokens), n_vocab]`` (a view).
+
+        Raises ContextOverflowError if they would run past the context.
+        """
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
+        n = self.ctx.decode_tokens(tokens, self.n_past, "all")
+        return self.ctx.logits(n)
+
+    def commit(self, n_keep: int) -> None:
+        """Keep the first ``n_keep`` verified tokens (root + accepted drafts) in the KV cache."""
+        self.n_past += n_keep
+        self.ctx.truncate(self.n_past)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
