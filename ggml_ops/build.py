@@ -103,11 +103,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def prepare_source(work: Path) -> Path:
-    """Unpack the sdist into ``work``, add our sources, apply the patch series."""
+def prepare_source(key: str) -> Path:
+    """Unpacked sdist with our sources and patches applied, under the cache (reused per key)."""
+    work = cache_dir() / "src" / key
+    root = work / f"llama_cpp_python-{SDIST_VERSION}"
+    if (work / ".prepared").exists():
+        return root
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     with tarfile.open(fetch_sdist()) as tar:
         tar.extractall(work, filter="data")
-    root = work / f"llama_cpp_python-{SDIST_VERSION}"
     dst = root / "vendor" / "llama.cpp" / "src"
     for f in sorted(SRC_DIR.iterdir()):
         shutil.copy2(f, dst / f.name)
@@ -115,26 +120,36 @@ def prepare_source(work: Path) -> Path:
         print(f"[tfm-build] applying {p.name}", flush=True)
         subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(p)], cwd=root,
                        check=True, stdout=subprocess.DEVNULL)
+    (work / ".prepared").touch()
     return root
 
 
 def build_wheel(key: str) -> Path:
-    """Build (or reuse) the wheel for ``key``; returns its path."""
+    """Build (or reuse) the wheel for ``key``; returns its path.
+
+    The CMake build folder persists under the cache, so an interrupted build
+    resumes where it stopped. The build runs without isolation, with
+    scikit-build-core, cmake and ninja installed into the building interpreter.
+    """
     out = cache_dir() / "wheels" / key
     wheels = list(out.glob("*.whl")) if out.exists() else []
     if wheels:
         return wheels[0]
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="tfm-build-") as tmp:
-        root = prepare_source(Path(tmp))
-        env = dict(os.environ)
-        env["CMAKE_ARGS"] = " ".join(cmake_args())
-        env["CMAKE_BUILD_PARALLEL_LEVEL"] = os.environ.get("TFM_BUILD_JOBS", str(os.cpu_count() or 2))
-        stage = Path(tmp) / "wheel"
+    root = prepare_source(key)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "scikit-build-core[pyproject]>=0.9.2",
+                    "cmake>=3.21", "ninja"], check=True)
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = " ".join(cmake_args())
+    env["CMAKE_BUILD_PARALLEL_LEVEL"] = os.environ.get("TFM_BUILD_JOBS", str(os.cpu_count() or 2))
+    env.pop("SOURCE_DATE_EPOCH", None)  # it would turn GGML_NATIVE off
+    build_dir = cache_dir() / "build" / key
+    with tempfile.TemporaryDirectory(prefix="tfm-wheel-") as stage:
         print(f"[tfm-build] building wheel ({env['CMAKE_ARGS']})", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(stage), str(root)],
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "--config-settings", f"build-dir={build_dir}", "-w", stage, str(root)],
                        check=True, env=env)
-        built = next(stage.glob("*.whl"))
+        built = next(Path(stage).glob("*.whl"))
         out.mkdir(parents=True, exist_ok=True)
         tmp_whl = out / (built.name + ".part")
         shutil.copy2(built, tmp_whl)

@@ -57,7 +57,7 @@ class DFlashDrafter:
         self.ctx = Context(self.model, n_ctx=target.n_ctx, n_batch=n_ub, n_ubatch=n_ub, kv_type=kv_type,
                            n_threads=n_threads, ctx_other=target.ctx)
         lc.llama_set_causal_attn(self.ctx.ptr, False)
-        target.enable_features(self.layers)
+        target.set_features(self.layers)
         self.n_injected = 0
 
     def _check_compat(self) -> None:

@@ -53,14 +53,30 @@ class Engine:
             dpath = resolve_drafter(drafter, target_path)
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)
-        max_budget = self.drafter.block_size - 1 if self.drafter else 0
-        self.budget = max_budget if budget is None else min(int(budget), max_budget)
-        if self.budget < 0:
-            raise ValueError(f"budget must be >= 0, got {budget}")
+        self.budget = 0
+        self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
 
     # -- public API ----------------------------------------------------------------------
+    def set_budget(self, budget: int | None) -> None:
+        """Draft tokens verified per step: None = block size - 1, 0 = plain decoding (drafter idle).
+
+        Raises ValueError for a negative budget.
+        """
+        max_budget = self.drafter.block_size - 1 if self.drafter else 0
+        b = max_budget if budget is None else min(int(budget), max_budget)
+        if b < 0:
+            raise ValueError(f"budget must be >= 0, got {budget}")
+        if self.drafter is not None and (b > 0) != (self.budget > 0):
+            self.target.set_features(self.drafter.layers if b > 0 else [])
+        self.budget = b
+
+    @property
+    def active_drafter(self) -> DFlashDrafter | None:
+        """The drafter when speculation is on (budget > 0), else None."""
+        return self.drafter if self.budget > 0 else None
+
     def prompt_tokens(self, prompt: str | list[dict]) -> list[int]:
         """Token ids of a raw prompt string, or of chat ``messages`` rendered with the target's template."""
         if isinstance(prompt, str):
@@ -115,7 +131,7 @@ class Engine:
         st = self.stats = GenerationStats(n_prompt=len(prompt_ids), finish_reason="length")
         t0 = time.perf_counter()
         choose = TokenChooser(sp)
-        tgt, dft = self.target, self.drafter
+        tgt, dft = self.target, self.active_drafter
         if dft is not None:
             dft.reset()
         on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft else None
@@ -133,7 +149,7 @@ class Engine:
 
     def _step(self, last: int, remaining: int, choose: TokenChooser, st: GenerationStats) -> list[int]:
         """One draft → verify → accept → commit step; returns the tokens it emits."""
-        tgt, dft = self.target, self.drafter
+        tgt, dft = self.target, self.active_drafter
         pos = tgt.n_past
         k = min(self.budget, remaining - 1, tgt.n_ctx - pos - 1)
         t0 = time.perf_counter()

@@ -43,14 +43,16 @@ class Target:
         self.n_past = 0
 
     # -- features ------------------------------------------------------------------------
-    def enable_features(self, layers: list[int]) -> None:
-        """Extract the inputs of ``layers`` (0..n_layer) on every following decode.
+    def set_features(self, layers: list[int]) -> None:
+        """Extract the inputs of exactly ``layers`` (0..n_layer) on every following decode ([] = none).
 
         Raises ValueError for a layer index outside the target.
         """
         bad = [il for il in layers if not 0 <= il <= self.model.n_layer]
         if bad:
             raise ValueError(f"target layers {bad} out of range for a {self.model.n_layer}-layer target")
+        for il in set(self.feature_layers) - set(layers):
+            native.set_layer_inp(self.ctx.ptr, il, False)
         for il in layers:
             native.set_layer_inp(self.ctx.ptr, il, True)
         self.feature_layers = list(layers)

@@ -1,0 +1,219 @@
+"""Engine on tiny synthetic GGUFs: losslessness, KV bookkeeping, many generations, bad input.
+
+The target is a random-weight qwen2 written by tests/synth.py; the drafter a
+random-init DFlash GGUF written by tfm_convert. A random drafter accepts
+almost nothing, so acceptance paths are driven by ``OracleDrafter``: the real
+DFlash drafter (its KV injection and drafting pass still run) whose proposals
+are replaced by a reference continuation with corruptions. That substitute
+stands in for a trained drafter, which cannot exist before training.
+"""
+import numpy as np
+import pytest
+from scipy import stats
+
+from tfm_local.drafter import DrafterMismatchError
+from tfm_local.engine import Engine
+from tfm_local.llm import LlamaError
+from tfm_local.sampling import SamplingParams
+from tfm_local.target import ContextOverflowError
+
+from synth import write_tiny_target
+
+PROMPTS = ["hello world, this is a test", "<|im_start|>user\nthe quick brown fox<|im_end|>\n", "a b c d e f"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from tfm_convert.pipeline import init_random
+
+    d = tmp_path_factory.mktemp("tiny")
+    target = write_tiny_target(d / "target.gguf", n_layer=4, n_embd=64)
+    drafter, _ = init_random(target, d / "drafter.gguf", layers=1, seed=1)
+    other = write_tiny_target(d / "other.gguf", n_layer=2, n_embd=96, n_head=4, seed=3)
+    other_drafter, _ = init_random(other, d / "other_drafter.gguf", layers=1)
+    return dict(target=target, drafter=drafter, other_drafter=other_drafter)
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    e = Engine(models["target"], models["drafter"], n_ctx=512)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def plain(models):
+    e = Engine(models["target"], None, n_ctx=512)
+    yield e
+    e.close()
+
+
+class OracleDrafter:
+    """Wraps the engine's DFlash drafter: runs it, then proposes ``script`` with corruptions."""
+
+    def __init__(self, drafter, prompt_len: int, script: list[int], p_wrong: float, seed: int = 0):
+        self.inner, self.prompt_len, self.script = drafter, prompt_len, script
+        self.p_wrong, self.rng, self.calls = p_wrong, np.random.default_rng(seed), 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_chain(self, last_token, pos, n_draft):
+        self.inner.draft_chain(last_token, pos, n_draft)  # keep the real pass and its KV traffic
+        self.calls += 1
+        start = pos - self.prompt_len + 1  # script index of the token at pos + 1
+        out = []
+        for i in range(n_draft):
+            j = start + i
+            t = self.script[j] if 0 <= j < len(self.script) else 0
+            if self.rng.random() < self.p_wrong:
+                t = (t + 1 + int(self.rng.integers(0, 50))) % self.inner.target.model.n_vocab
+            out.append(int(t))
+        return out
+
+
+def run_ids(engine, prompt, n, sp=SamplingParams()):
+    return list(engine.generate_ids(engine.prompt_tokens(prompt), n, sp))
+
+
+@pytest.mark.parametrize("p_wrong", [0.0, 0.15, 0.5])
+def test_greedy_speculative_equals_plain(engine, plain, p_wrong):
+    for prompt in PROMPTS:
+        ref = run_ids(plain, prompt, 64)
+        ids = plain.prompt_tokens(prompt)
+        real = engine.drafter
+        engine.drafter = OracleDrafter(real, len(ids), ref, p_wrong)
+        try:
+            out = run_ids(engine, prompt, 64)
+        finally:
+            engine.drafter = real
+        assert out == ref
+        if p_wrong < 0.5:
+            assert engine.stats.tau > 1.5, "oracle drafts should be accepted"
+
+
+def test_random_drafter_greedy_equals_plain(engine, plain):
+    for prompt in PROMPTS:
+        assert run_ids(engine, prompt, 48) == run_ids(plain, prompt, 48)
+        assert engine.stats.n_drafted > 0 and engine.stats.n_steps > 0
+
+
+def test_sampling_same_seed_same_output(engine, plain):
+    """One uniform per emitted token: plain and speculative runs read the same random stream."""
+    sp = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    ref = run_ids(plain, PROMPTS[0], 48, sp)
+    real = engine.drafter
+    engine.drafter = OracleDrafter(real, len(plain.prompt_tokens(PROMPTS[0])), ref, 0.2)
+    try:
+        assert run_ids(engine, PROMPTS[0], 48, sp) == ref
+    finally:
+        engine.drafter = real
+
+
+def test_sampling_distribution_equals_plain(engine, plain):
+    """Two-sample chi-square on the first 2 tokens over 300 seeds each (false-alarm rate 1e-3).
+
+    The speculative runs use a *fixed* oracle script unrelated to the seed, so
+    drafts are accepted or rejected at random and both acceptance branches run.
+    """
+    sp_args = dict(temperature=1.0, top_k=8)
+    prompt = PROMPTS[2]
+    ids = plain.prompt_tokens(prompt)
+    script = run_ids(plain, prompt, 4)
+    a, b = [], []
+    real = engine.drafter
+    for s in range(300):
+        a.append(tuple(run_ids(plain, prompt, 2, SamplingParams(seed=s, **sp_args))))
+        engine.drafter = OracleDrafter(real, len(ids), script, 0.3, seed=s)
+        try:
+            b.append(tuple(run_ids(engine, prompt, 2, SamplingParams(seed=10_000 + s, **sp_args))))
+        finally:
+            engine.drafter = real
+    keys = sorted(set(a) | set(b))
+    table = np.array([[a.count(k) for k in keys], [b.count(k) for k in keys]])
+    table = table[:, table.sum(0) >= 5]  # chi-square needs populated cells
+    assert table.shape[1] >= 2
+    assert stats.chi2_contingency(table).pvalue > 1e-3
+
+
+def test_many_generations_equal_fresh_engine(models, engine):
+    outs = [engine.generate(p, max_tokens=32) for p in PROMPTS[:2]]
+    for p, out in zip(PROMPTS[:2], outs):
+        fresh = Engine(models["target"], models["drafter"], n_ctx=512)
+        try:
+            assert fresh.generate(p, max_tokens=32) == out
+        finally:
+            fresh.close()
+
+
+def test_drafter_kv_matches_fresh_injection(models, engine):
+    """After several steps the drafter's marginals equal a drafter fed all committed features at once."""
+    prompt = PROMPTS[0]
+    ids = engine.prompt_tokens(prompt)
+    out = list(engine.generate_ids(ids, 20, SamplingParams()))
+    pos = engine.target.n_past
+    inc = np.array(engine.drafter.marginals(out[-1], pos, 8))
+    full = ids + out[:-1]
+    fresh = Engine(models["target"], models["drafter"], n_ctx=512)
+    try:
+        fresh.target.prefill(full)
+        fresh.drafter.reset()
+        fresh.drafter.inject(fresh.target.features(slice(0, len(full)), len(full)), 0)
+        ref = np.array(fresh.drafter.marginals(out[-1], pos, 8))
+    finally:
+        fresh.close()
+    assert np.allclose(inc, ref, atol=2e-2 * np.abs(ref).max())
+    assert (inc.argmax(1) == ref.argmax(1)).all()
+
+
+def test_q8_0_kv_cache_speculative_equals_plain(models):
+    spec = Engine(models["target"], models["drafter"], n_ctx=256, kv_type="q8_0", drafter_kv_type="q8_0")
+    base = Engine(models["target"], None, n_ctx=256, kv_type="q8_0")
+    try:
+        assert spec.generate(PROMPTS[1], max_tokens=32) == base.generate(PROMPTS[1], max_tokens=32)
+    finally:
+        spec.close()
+        base.close()
+
+
+def test_stop_strings_and_streaming(plain):
+    full = plain.generate(PROMPTS[0], max_tokens=40)
+    pieces = list(plain.generate(PROMPTS[0], max_tokens=40, stream=True))
+    assert "".join(pieces) == full
+    if len(full) > 6:
+        stop = full[3:6]
+        cut = plain.generate(PROMPTS[0], max_tokens=40, stop=[stop])
+        assert cut == full[:full.find(stop)]
+        assert plain.stats.finish_reason == "stop"
+
+
+def test_prompt_over_context_rejected_before_work(models):
+    e = Engine(models["target"], models["drafter"], n_ctx=64)
+    try:
+        with pytest.raises(ContextOverflowError, match="context"):
+            e.generate("word " * 200, max_tokens=4)
+        assert e.target.n_past == 0
+        assert e.generate(PROMPTS[0], max_tokens=4)  # still usable
+    finally:
+        e.close()
+
+
+def test_drafter_for_another_target_rejected(models):
+    with pytest.raises(DrafterMismatchError, match="hidden size"):
+        Engine(models["target"], models["other_drafter"], n_ctx=128)
+
+
+def test_corrupt_and_truncated_gguf_rejected(models, tmp_path):
+    data = models["target"].read_bytes()
+    (tmp_path / "trunc.gguf").write_bytes(data[: len(data) // 2])
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 200)
+    for name in ("trunc.gguf", "junk.gguf"):
+        with pytest.raises((LlamaError, ValueError)):
+            Engine(tmp_path / name, None, n_ctx=128)
+
+
+def test_bad_arguments(engine):
+    with pytest.raises(ValueError):
+        engine.generate("x", max_tokens=0)
+    with pytest.raises(ValueError):
+        engine.generate("x", temperature=-1)

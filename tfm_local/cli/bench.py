@@ -1,0 +1,109 @@
+"""tfm-bench: τ and tokens/s of plain decoding vs speculative decoding on real prompt sets.
+
+Modes run side by side in one process, prompt by prompt (plain, then each
+speculative mode), so the ratio is measured under the same machine load.
+Prints a table and writes JSON (per prompt and per set).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+
+from .common import add_engine_args, engine_from_args, fail
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tfm-bench", description=__doc__.split("\n")[0])
+    add_engine_args(ap)
+    ap.add_argument("--sets", default="humaneval,gsm8k,mtbench", help="comma-separated prompt sets")
+    ap.add_argument("-n", "--n-prompts", type=int, default=40, help="first N prompts of each set (default 40)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
+    ap.add_argument("--modes", default="plain,chain", help="comma-separated: plain, chain")
+    ap.add_argument("--json", default="bench.json", help="output JSON path (default bench.json)")
+    return ap.parse_args(argv)
+
+
+MODE_BUDGET = {"plain": 0, "chain": None}
+
+
+def run_one(engine, prompt, mode: str, max_tokens: int) -> dict:
+    """Greedy generation of one prompt in one mode; returns its stats and output token ids."""
+    from ..sampling import SamplingParams
+
+    engine.set_budget(MODE_BUDGET[mode])
+    ids = engine.prompt_tokens(prompt.messages)
+    out = list(engine.generate_ids(ids, max_tokens, SamplingParams()))
+    d = engine.stats.to_dict()
+    d.update(prompt_id=prompt.id, mode=mode, output_ids=out)
+    return d
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Totals of a set of runs: τ = emitted / verify passes, tok/s = tokens / decode time."""
+    steps = sum(r["n_steps"] for r in rows)
+    toks = sum(r["n_step_tokens"] for r in rows)
+    gen = sum(r["n_generated"] for r in rows)
+    t = sum(r["t_decode"] for r in rows)
+    return dict(n_prompts=len(rows), n_generated=gen, tau=toks / steps if steps else 0.0,
+                tokens_per_s=gen / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
+                t_verify=sum(r["t_verify"] for r in rows), t_decode=t)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    modes = args.modes.split(",")
+    bad = [m for m in modes if m not in MODE_BUDGET]
+    if bad:
+        fail(f"unknown mode(s) {bad}; choose from {sorted(MODE_BUDGET)}")
+    from ..data import load_prompt_set
+
+    try:
+        sets = {name: load_prompt_set(name, args.n_prompts) for name in args.sets.split(",")}
+    except (ValueError, OSError) as e:
+        fail(str(e))
+    engine = engine_from_args(args)
+    if "chain" in modes and engine.drafter is None:
+        fail("mode 'chain' needs a drafter")
+    runs, table = [], []
+    for name, prompts in sets.items():
+        for i, p in enumerate(prompts):
+            for mode in modes:
+                runs.append(dict(run_one(engine, p, mode, args.max_tokens), set=name))
+            print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        for mode in modes:
+            table.append(dict(set=name, mode=mode, **aggregate([r for r in runs if r["set"] == name and
+                                                                  r["mode"] == mode])))
+    print_table(table)
+    write_json(args, table, runs, engine)
+    engine.close()
+
+
+def print_table(table: list[dict]) -> None:
+    base = {r["set"]: r["tokens_per_s"] for r in table if r["mode"] == "plain"}
+    print(f"{'set':<10} {'mode':<7} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} {'speedup':>8}")
+    for r in table:
+        sp = r["tokens_per_s"] / base[r["set"]] if base.get(r["set"]) else float("nan")
+        print(f"{r['set']:<10} {r['mode']:<7} {r['n_prompts']:>7} {r['n_generated']:>7} {r['tau']:>6.2f} "
+              f"{r['tokens_per_s']:>7.1f} {sp:>7.2f}x")
+
+
+def write_json(args, table, runs, engine) -> None:
+    doc = dict(command=" ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               machine=dict(platform=platform.platform(), cpus=os.cpu_count()),
+               target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
+               else None, max_tokens=args.max_tokens, summary=table, runs=runs, written=time.time())
+    tmp = args.json + ".part"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, args.json)
+    print(f"wrote {args.json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
