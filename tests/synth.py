@@ -1,0 +1,421 @@
+"""Tiny synthetic GGUF models for fast unit tests.
+
+``write_tiny_target`` writes a random-weight decoder (arch ``qwen2`` or
+``llama``) that llama.cpp loads and runs in milliseconds, with a small
+byte-level BPE tokenizer built here: the 256 byte tokens, merges learned
+from a short built-in text, the ChatML special tokens and a few unused
+padding ids at the end of the vocabulary (token type UNUSED, the way
+Hugging Face conversions pad a vocabulary).
+
+Everything is deterministic for a given seed. The weights are drawn so that
+the next-token distribution is neither flat nor one-hot (logits with a
+standard deviation of a few units), so tests can sample from it.
+
+Tensor shapes below are given in numpy (row-major) order, which is GGUF's
+``ne`` reversed: ``token_embd.weight`` is ``(n_vocab, n_embd)`` float32.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+#: Text the merges are learned from (our own words; any short English text works).
+_MERGE_CORPUS = (
+    "hello world. hello there, world! the quick brown fox jumps over the lazy dog. "
+    "the world says hello to the fox and the dog. a small model for a small test: "
+    "hello, hello, world, world. tests sample tokens from the model and the drafter. "
+    "<think> the answer is in the world of the model </think> def hello(): return 42\n"
+)
+
+#: Special tokens, in id order, appended after the learned tokens.
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+#: ChatML template (Jinja) in the style of Qwen2.5 instruct models.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_TOKEN_NORMAL = int(gguf.TokenType.NORMAL)
+_TOKEN_CONTROL = int(gguf.TokenType.CONTROL)
+_TOKEN_UNUSED = int(gguf.TokenType.UNUSED)
+
+_SUPPORTED_ARCHS = ("qwen2", "llama")
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """The reversible byte → printable-character map of byte-level BPE.
+
+    Printable Latin-1 bytes map to themselves; the other 68 bytes (controls,
+    space, etc.) map, in byte order, to the code points 256, 257, ... This is
+    the convention llama.cpp's BPE tokenizer (``unicode_byte_to_utf8``)
+    expects for the text of byte tokens (GPT-2 scheme, Radford et al. 2019).
+
+    Returns:
+        dict of 256 entries, byte value (0..255) → one-character str.
+    """
+    printable = set(range(ord("!"), ord("~") + 1))
+    printable |= set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    table: dict[int, str] = {}
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _pretokenize(text: str) -> list[str]:
+    """Split text into words (a leading space kept), roughly like GPT-2's pre-tokenizer."""
+    return re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", text)
+
+
+def learn_merges(text: str, n_merges: int) -> list[tuple[str, str]]:
+    """Learn byte-level BPE merges from ``text`` (Sennrich et al. 2016).
+
+    Greedy: repeatedly merge the most frequent adjacent pair inside words;
+    ties are broken by the pair's text so the result is deterministic.
+
+    Args:
+        text: training text (UTF-8 encodable).
+        n_merges: wanted number of merges; fewer are returned when no pair
+            occurs twice or more.
+
+    Returns:
+        list of (left, right) symbol pairs in the byte-to-unicode alphabet,
+        in merge-rank order.
+    """
+    b2u = byte_to_unicode()
+    words = Counter(tuple(b2u[b] for b in w.encode("utf-8")) for w in _pretokenize(text))
+    merges: list[tuple[str, str]] = []
+    for _ in range(n_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        if pairs[best] < 2:
+            break
+        merges.append(best)
+        words = Counter({_apply_merge(w, best): c for w, c in words.items()})
+    return merges
+
+
+def _apply_merge(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
+    """Replace every occurrence of ``pair`` in ``word`` by the joined symbol."""
+    out: list[str] = []
+    i = 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            out.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
+class TinyVocab:
+    """The synthetic tokenizer: tokens, token types and merges.
+
+    Attributes:
+        tokens: list[str] of length n_vocab; ids 0..255 are the byte tokens.
+        token_types: list[int] (gguf.TokenType values) of length n_vocab.
+        merges: list[str], "left right" in rank order.
+        special: dict name → id for the SPECIAL_TOKENS.
+        unused_ids: list[int] of the UNUSED padding ids (at the end).
+    """
+
+    def __init__(self, n_merges: int = 48, n_vocab: int | None = None):
+        """Build the vocabulary.
+
+        Args:
+            n_merges: merges learned from the built-in text (≤ ~60 possible).
+            n_vocab: total size; default = the used size rounded up to a
+                multiple of 64 with at least 8 unused ids. Raises ValueError
+                when smaller than the used size + 1.
+        """
+        b2u = byte_to_unicode()
+        pairs = learn_merges(_MERGE_CORPUS, n_merges)
+        self.tokens = [b2u[b] for b in range(256)]
+        for a, b in pairs:  # two merges can spell the same token: keep one entry
+            if a + b not in self.tokens:
+                self.tokens.append(a + b)
+        self.token_types = [_TOKEN_NORMAL] * len(self.tokens)
+        self.merges = [f"{a} {b}" for a, b in pairs]
+        self.special = {}
+        for text in SPECIAL_TOKENS:
+            self.special[text] = len(self.tokens)
+            self.tokens.append(text)
+            self.token_types.append(_TOKEN_CONTROL)
+        n_used = len(self.tokens)
+        if n_vocab is None:
+            n_vocab = -(-(n_used + 8) // 64) * 64
+        if n_vocab <= n_used:
+            raise ValueError(f"n_vocab={n_vocab} must exceed the {n_used} used tokens")
+        self.unused_ids = list(range(n_used, n_vocab))
+        self.tokens += [f"[PAD{i}]" for i in self.unused_ids]
+        self.token_types += [_TOKEN_UNUSED] * len(self.unused_ids)
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of tokens, padding included."""
+        return len(self.tokens)
+
+    def write_to(self, writer: gguf.GGUFWriter) -> None:
+        """Add the tokenizer.* keys (gpt2 model, qwen2 pre-tokenizer, ChatML) to ``writer``."""
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2")
+        writer.add_token_list(self.tokens)
+        writer.add_token_types(self.token_types)
+        writer.add_token_merges(self.merges)
+        writer.add_bos_token_id(self.special["<|endoftext|>"])
+        writer.add_eos_token_id(self.special["<|im_end|>"])
+        writer.add_pad_token_id(self.special["<|endoftext|>"])
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+
+
+def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
+                n_head_kv: int, n_ff: int, n_ctx_train: int, n_vocab: int) -> None:
+    """Add the model hyper-parameters (``{arch}.*`` keys) to ``writer``."""
+    writer.add_name(f"tfm-tiny-{arch}")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_freq_base(1_000_000.0 if arch == "qwen2" else 10_000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch == "llama":
+        writer.add_vocab_size(n_vocab)
+        writer.add_rope_dimension_count(n_embd // n_head)
+
+
+def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_embd: int,
+                        n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
+                        logit_std: float = 3.0) -> dict[str, np.ndarray]:
+    """Random weights of a tied-embedding decoder, float32, numpy shape order.
+
+    Projections are drawn N(0, 1/fan_in) so every sub-layer adds a residual
+    update comparable to the embedding; the embedding rows have norm
+    ``logit_std`` so that, after the final RMSNorm (weights ≈ 1), the logits
+    ``E · norm(h)`` have a standard deviation of about ``logit_std``.
+
+    Returns:
+        dict GGUF tensor name → array; e.g. ``blk.0.attn_q.weight`` is
+        (n_embd, n_embd), ``blk.0.attn_k.weight`` (n_head_kv·head_dim, n_embd),
+        ``blk.0.ffn_down.weight`` (n_embd, n_ff); qwen2 adds q/k/v biases.
+    """
+    head_dim = n_embd // n_head
+    n_kv = n_head_kv * head_dim
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {
+        "token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * logit_std / np.sqrt(n_embd)).astype(np.float32),
+        "output_norm.weight": norm(n_embd),
+    }
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(n_embd)
+        t[p + "attn_q.weight"] = mat(n_embd, n_embd)
+        t[p + "attn_k.weight"] = mat(n_kv, n_embd)
+        t[p + "attn_v.weight"] = mat(n_kv, n_embd)
+        if arch == "qwen2":
+            t[p + "attn_q.bias"] = (0.1 * rng.standard_normal(n_embd)).astype(np.float32)
+            t[p + "attn_k.bias"] = (0.1 * rng.standard_normal(n_kv)).astype(np.float32)
+            t[p + "attn_v.bias"] = (0.1 * rng.standard_normal(n_kv)).astype(np.float32)
+        t[p + "attn_output.weight"] = mat(n_embd, n_embd)
+        t[p + "ffn_norm.weight"] = norm(n_embd)
+        t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+        t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+        t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
+    return t
+
+
+def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2, n_embd: int = 64,
+                      n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048,
+                      seed: int = 0, n_vocab: int | None = None) -> Path:
+    """Write a random-weight target GGUF that llama.cpp loads and runs.
+
+    Args:
+        path: output file (overwritten).
+        arch: "qwen2" (q/k/v biases, NeoX rope) or "llama".
+        n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train: model sizes;
+            n_embd must be divisible by n_head, n_head by n_head_kv.
+        seed: RNG seed; equal arguments give a byte-identical file.
+        n_vocab: vocabulary size, padding included (default: see TinyVocab,
+            320 with the built-in merges).
+
+    Returns:
+        the path written, as a Path. All tensors are F32, embeddings tied
+        (no ``output.weight``, like Qwen2.5 0.5B/1.5B).
+
+    Raises:
+        ValueError: unsupported arch or inconsistent head counts.
+    """
+    if arch not in _SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {_SUPPORTED_ARCHS}, got {arch!r}")
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must be divisible by n_head and n_head by n_head_kv")
+    path = Path(path)
+    vocab = TinyVocab(n_vocab=n_vocab)
+    rng = np.random.default_rng(seed)
+    tensors = tiny_target_tensors(rng, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                                  n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=vocab.n_vocab)
+    writer = gguf.GGUFWriter(str(path), arch)
+    _hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                n_ff=n_ff, n_ctx_train=n_ctx_train, n_vocab=vocab.n_vocab)
+    vocab.write_to(writer)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Running the synthetic models with llama.cpp's low-level API (llama_cpp imported lazily,
+# so writing GGUFs needs no llama.cpp). Pointers are the ctypes objects llama_cpp returns.
+# --------------------------------------------------------------------------------------
+
+def llama_cpp_lib():
+    """Import ``llama_cpp``, silence its log (unless $TFM_VERBOSE) and init the backend once."""
+    import ctypes
+    import os
+
+    import llama_cpp as lc
+
+    if not getattr(llama_cpp_lib, "ready", False):
+        if not os.environ.get("TFM_VERBOSE"):
+            llama_cpp_lib.sink = lc.llama_log_callback(lambda level, text, data: None)
+            lc.llama_log_set(llama_cpp_lib.sink, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        llama_cpp_lib.ready = True
+    return lc
+
+
+def load_model(path: str | Path):
+    """Load a GGUF on the CPU; returns the llama_model pointer. Raises RuntimeError when refused."""
+    lc = llama_cpp_lib()
+    params = lc.llama_model_default_params()
+    params.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    return model
+
+
+def new_context(model, *, n_ctx: int = 256, n_batch: int = 64, ctx_other=None):
+    """A context (n_ubatch = n_batch, 2 threads, one sequence); ``ctx_other`` shares its model's tensors."""
+    lc = llama_cpp_lib()
+    p = lc.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 1
+    p.n_threads = p.n_threads_batch = 2
+    if ctx_other is not None:
+        p.ctx_other = ctx_other
+    ctx = lc.llama_init_from_model(model, p)
+    if not ctx:
+        raise RuntimeError("llama.cpp could not create a context")
+    return ctx
+
+
+def tokenize(model, text: str, parse_special: bool = False) -> list[int]:
+    """Token ids of ``text`` (no BOS added)."""
+    lc = llama_cpp_lib()
+    vocab = lc.llama_model_get_vocab(model)
+    raw = text.encode("utf-8")
+    buf = (lc.llama_token * (len(raw) + 8))()
+    n = lc.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, parse_special)
+    if n < 0:
+        raise RuntimeError(f"tokenize failed ({n})")
+    return list(buf[:n])
+
+
+def detokenize(model, tokens: list[int]) -> str:
+    """Text of ``tokens`` (special tokens rendered)."""
+    import ctypes
+
+    lc = llama_cpp_lib()
+    vocab = lc.llama_model_get_vocab(model)
+    arr = (lc.llama_token * max(1, len(tokens)))(*tokens)
+    out = ctypes.create_string_buffer(16 * len(tokens) + 16)
+    n = lc.llama_detokenize(vocab, arr, len(tokens), out, len(out), False, True)
+    if n < 0:
+        raise RuntimeError(f"detokenize failed ({n})")
+    return out.raw[:n].decode("utf-8")
+
+
+def _process(lc, ctx, batch, what: str) -> None:
+    """llama_process(DECODE) and free the batch; RuntimeError on a non-zero code."""
+    try:
+        rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+    finally:
+        lc.llama_batch_ext_free(batch)
+    if rc != 0:
+        raise RuntimeError(f"decode of {what} failed (code {rc})")
+
+
+def decode_tokens(ctx, tokens: list[int], pos0: int = 0) -> np.ndarray:
+    """Decode ``tokens`` at positions pos0.. in sequence 0; returns logits float32 [n, n_vocab] (a copy)."""
+    import ctypes
+
+    lc = llama_cpp_lib()
+    batch = lc.llama_batch_ext_init(ctx)
+    pos = (ctypes.c_int32 * 4)()
+    for i, t in enumerate(tokens):
+        idx = lc.llama_batch_ext_add_token(batch, 0, int(t))
+        if idx < 0:
+            lc.llama_batch_ext_free(batch)
+            raise RuntimeError(f"token {t} rejected by the batch (code {idx})")
+        pos[0] = pos0 + i
+        lc.llama_batch_ext_set_pos(batch, idx, pos)
+        lc.llama_batch_ext_set_output_logits(batch, idx, True)
+    _process(lc, ctx, batch, f"{len(tokens)} tokens")
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(lc.llama_get_model(ctx)))
+    rows = [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+            for i in range(len(tokens))]
+    return np.stack(rows)
+
+
+def decode_embeddings(ctx, rows: np.ndarray, pos0: int = 0) -> None:
+    """Decode embedding rows float32 [n, width] at positions pos0.. in sequence 0 (no outputs).
+
+    For a DFlash drafter this is KV injection: width = n_target_layers × target n_embd.
+    """
+    import ctypes
+
+    lc = llama_cpp_lib()
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    batch = lc.llama_batch_ext_init(ctx)
+    pos = (ctypes.c_int32 * 4)()
+    for i in range(rows.shape[0]):
+        ptr = rows[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        idx = lc.llama_batch_ext_add_embd(batch, 0, lc.llama_embd(ptr, 1, rows.shape[1]))
+        if idx < 0:
+            lc.llama_batch_ext_free(batch)
+            raise RuntimeError(f"embedding row {i} rejected by the batch (code {idx})")
+        pos[0] = pos[1] = pos[2] = pos0 + i
+        lc.llama_batch_ext_set_pos(batch, idx, pos)
+    _process(lc, ctx, batch, f"{rows.shape[0]} embedding rows")
