@@ -1,0 +1,19 @@
+"""tfm-convert: DFlash drafter checkpoints → GGUF for llama.cpp's ``dflash`` architecture.
+
+Modules, one job each:
+
+- ``errors``      ConvertError, the one exception users see
+- ``target_info`` facts read from the target GGUF (width, layers, vocabulary, tokenizer)
+- ``layout``      the DFlash drafter's tensors: Hugging Face names, GGUF names, shapes
+- ``safetensors_io`` minimal safetensors reader/writer (F32/F16/BF16, no torch)
+- ``zlab``        the z-lab Hugging Face checkpoint layout (config.json + safetensors)
+- ``validate``    checkpoint-against-target checks, all problems in one message
+- ``quant``       output types (F32/F16/BF16/Q8_0) per tensor
+- ``writer``      the drafter GGUF writer
+- ``random_init`` a randomly initialised drafter for any target
+- ``atomic``      files that appear only when complete
+- ``cli``         ``tfm-convert``
+"""
+from .errors import ConvertError
+
+__all__ = ["ConvertError"]

@@ -1,0 +1,76 @@
+"""The two conversions of tfm-convert, as library calls.
+
+``convert_checkpoint``: z-lab checkpoint + target GGUF → drafter GGUF.
+``init_random``: target GGUF → random drafter (GGUF and/or z-lab layout).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import ConvertError
+from .random_init import random_config, random_tensors
+from .target_info import read_target_info
+from .validate import check_against_target, check_config, check_tensors
+from .writer import write_drafter_gguf
+from .zlab import index_tensors, locate_checkpoint, read_config, write_checkpoint
+
+
+def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
+                       out: str | os.PathLike, outtype: str = "f16") -> Path:
+    """Convert a DFlash checkpoint in the z-lab layout to a drafter GGUF for ``target``.
+
+    Args:
+        checkpoint: checkpoint folder or hub id (``owner/name``).
+        target: target GGUF path; its vocabulary and tokenizer are copied.
+        out: output GGUF path (appears only when complete).
+        outtype: "f32", "f16", "bf16" or "q8_0".
+
+    Returns:
+        the output Path.
+
+    Raises:
+        ConvertError: unreadable target or checkpoint, malformed config,
+            missing/extra/misshapen tensors, or a drafter that does not fit
+            the target (width, vocabulary, mask token, target layers).
+    """
+    info = read_target_info(target)
+    folder = locate_checkpoint(str(checkpoint))
+    config = read_config(folder)
+    check_config(config)
+    tensors = index_tensors(folder)
+    check_tensors({n: t.shape for n, t in tensors.items()}, config.dims)
+    check_against_target(config, info)
+    return write_drafter_gguf(out, config, tensors, info, outtype)
+
+
+def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None, *,
+                hf_out: str | os.PathLike | None = None, layers: int = 1, ffn: int | None = None,
+                seed: int = 0, outtype: str = "f16", mask_token: int | None = None,
+                hf_dtype: str = "F32") -> tuple[Path | None, Path | None]:
+    """Write a randomly initialised drafter for ``target``.
+
+    Args:
+        target: target GGUF path.
+        out: drafter GGUF to write, or None.
+        hf_out: folder for the z-lab layout (config.json + model.safetensors), or None.
+        layers, ffn, seed, mask_token: see ``random_init.random_config`` / ``random_tensors``.
+        outtype: GGUF output type.
+        hf_dtype: safetensors dtype, "F32", "F16" or "BF16".
+
+    Returns:
+        (GGUF path or None, HF folder or None).
+
+    Raises:
+        ConvertError: neither output given, a bad size or mask token, or an unreadable target.
+    """
+    if out is None and hf_out is None:
+        raise ConvertError("nothing to write: give an output GGUF (-o) and/or --hf-out DIR")
+    info = read_target_info(target)
+    config = random_config(info, layers=layers, ffn=ffn, mask_token=mask_token)
+    check_config(config)
+    check_against_target(config, info)
+    tensors = random_tensors(config, seed)
+    hf = write_checkpoint(hf_out, config, tensors, hf_dtype) if hf_out is not None else None
+    gguf_path = write_drafter_gguf(out, config, tensors, info, outtype) if out is not None else None
+    return gguf_path, hf

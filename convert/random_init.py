@@ -1,0 +1,110 @@
+"""A randomly initialised DFlash drafter for any target.
+
+Used to exercise the whole pipeline (conversion, loading, drafting) before a
+trained drafter exists, and as a starting point for training. Geometry:
+hidden size = the target's n_embd; head_dim 128/64/32/16 (the largest that
+gives at least 4 heads); KV heads = the largest divisor of the head count
+not above a quarter of it; MLP width 3 × hidden (rounded up to 32); block
+size 16; 5 target layers spread from shallow to deep (DFlash, §5 of
+shared/DESIGN.md); mask token = an unused id of the target vocabulary.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import ConvertError
+from .layout import expected_shapes, is_norm
+from .target_info import TargetInfo
+from .zlab import DFlashConfig
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_TARGET_LAYERS = 5
+
+
+def attention_geometry(n_embd: int) -> tuple[int, int, int]:
+    """(n_heads, n_kv_heads, head_dim) for a hidden size.
+
+    Raises:
+        ConvertError: n_embd is not a multiple of 8 (no sensible head size).
+    """
+    for head_dim in (128, 64, 32, 16, 8):
+        if n_embd % head_dim == 0 and n_embd // head_dim >= 4:
+            break
+    else:
+        if n_embd % 8:
+            raise ConvertError(f"target n_embd {n_embd} is not a multiple of 8: no head size fits")
+        head_dim = 8
+    heads = n_embd // head_dim
+    kv = max(d for d in range(1, max(1, heads // 4) + 1) if heads % d == 0)
+    return heads, kv, head_dim
+
+
+def spread_target_layers(n_layer: int, count: int = DEFAULT_TARGET_LAYERS) -> list[int]:
+    """``count`` distinct 0-based target layers spread from shallow to deep.
+
+    The feature of HF layer id i is the input of target layer i + 1, which
+    llama.cpp extracts for i + 1 < n_layer: ids lie in [0, n_layer - 2].
+    From layer 1 (0 when there is no spare layer) up to about 90% of the
+    depth, evenly spaced; fewer than ``count`` when the target has fewer
+    usable layers. E.g. 28 layers → [1, 7, 13, 19, 25]; 2 layers → [0].
+
+    Raises:
+        ConvertError: the target has fewer than 2 layers.
+    """
+    if n_layer < 2:
+        raise ConvertError(f"a {n_layer}-layer target has no layer whose output llama.cpp can extract")
+    n = max(1, min(count, n_layer - 1))
+    lo = 1 if n_layer - 1 > n else 0
+    hi = max(lo + n - 1, min(n_layer - 2, n_layer - 1 - n_layer // 10))
+    if n == 1:
+        return [hi]
+    return [int(math.floor(lo + k * (hi - lo) / (n - 1) + 0.5)) for k in range(n)]
+
+
+def random_config(target: TargetInfo, *, layers: int = 1, ffn: int | None = None,
+                  block_size: int = DEFAULT_BLOCK_SIZE, mask_token: int | None = None,
+                  n_target_layers: int = DEFAULT_TARGET_LAYERS) -> DFlashConfig:
+    """The config of a fresh drafter for ``target``.
+
+    Args:
+        target: facts of the target GGUF.
+        layers: decoder layers (≥ 1).
+        ffn: MLP width (default 3 × hidden rounded up to a multiple of 32).
+        block_size: tokens per block.
+        mask_token: MASK id (default: ``target.pick_mask_token()``).
+        n_target_layers: number of target layers to read (capped by its depth).
+
+    Raises:
+        ConvertError: bad sizes, or no mask token available.
+    """
+    if layers < 1 or block_size < 2 or (ffn is not None and ffn < 1):
+        raise ConvertError("--layers must be ≥ 1, --ffn ≥ 1 and the block size ≥ 2")
+    heads, kv, head_dim = attention_geometry(target.n_embd)
+    return DFlashConfig(
+        hidden_size=target.n_embd, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, head_dim=head_dim,
+        intermediate_size=ffn or -(-3 * target.n_embd // 32) * 32, vocab_size=target.n_vocab,
+        rms_norm_eps=1e-6, rope_theta=target.rope_freq_base or 1e6,
+        max_position_embeddings=target.n_ctx_train or 4096, hidden_act="silu",
+        target_layer_ids=tuple(spread_target_layers(target.n_layer, n_target_layers)),
+        mask_token_id=target.pick_mask_token() if mask_token is None else mask_token,
+        block_size=block_size, num_target_layers=target.n_layer,
+    )
+
+
+def random_tensors(config: DFlashConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights for ``config``, HF names and numpy shapes.
+
+    Matrices are N(0, 1/fan_in) (LeCun normal: activations keep unit scale
+    through every projection); norm weights are 1. Deterministic for a seed.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in expected_shapes(config.dims).items():
+        if is_norm(name):
+            out[name] = np.ones(shape, dtype=np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    return out

@@ -1,0 +1,73 @@
+"""Checks of a drafter checkpoint against its own layout and against the target.
+
+Each check gathers every problem it finds and raises one ConvertError that
+names them all, so a user fixes a checkpoint in one round.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .errors import ConvertError
+from .layout import SHARED_NAMES, DrafterDims, expected_shapes
+from .target_info import TargetInfo
+from .zlab import DFlashConfig
+
+
+def check_tensors(shapes: Mapping[str, tuple[int, ...]], dims: DrafterDims) -> None:
+    """Every expected tensor present with its shape, and nothing else.
+
+    Args:
+        shapes: checkpoint tensor name (no ``model.`` prefix) → shape.
+        dims: the drafter sizes from its config.
+
+    Raises:
+        ConvertError: listing every missing, extra and misshapen tensor.
+    """
+    want = expected_shapes(dims)
+    missing = sorted(set(want) - set(shapes))
+    extra = sorted(set(shapes) - set(want) - SHARED_NAMES)
+    bad = [f"{n} {tuple(shapes[n])} (expected {want[n]})" for n in sorted(set(want) & set(shapes))
+           if tuple(shapes[n]) != want[n]]
+    parts = [f"{label}: {', '.join(items)}" for label, items in
+             (("missing", missing), ("unexpected", extra), ("misshapen", bad)) if items]
+    if parts:
+        raise ConvertError("checkpoint tensors do not match its config.json ("
+                           f"{dims.n_layers} layers, hidden {dims.hidden}) — " + "; ".join(parts))
+
+
+def check_config(config: DFlashConfig) -> None:
+    """Internal consistency of the drafter geometry; ConvertError listing each problem."""
+    problems = []
+    if min(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+           config.num_key_value_heads, config.head_dim, config.intermediate_size) <= 0:
+        problems.append("sizes must be positive")
+    elif config.num_attention_heads % config.num_key_value_heads:
+        problems.append(f"num_attention_heads {config.num_attention_heads} is not a multiple of "
+                        f"num_key_value_heads {config.num_key_value_heads}")
+    if config.block_size < 2:
+        problems.append(f"block_size {config.block_size} < 2")
+    if len(set(config.target_layer_ids)) != len(config.target_layer_ids):
+        problems.append(f"target_layer_ids {list(config.target_layer_ids)} has duplicates")
+    if problems:
+        raise ConvertError("invalid drafter config: " + "; ".join(problems))
+
+
+def check_against_target(config: DFlashConfig, target: TargetInfo) -> None:
+    """The drafter fits the target: width, vocabulary, mask token, target layers.
+
+    Raises:
+        ConvertError: listing every mismatch.
+    """
+    name, problems = target.path.name, []
+    if config.hidden_size != target.n_embd:
+        problems.append(f"hidden size {config.hidden_size} != target n_embd {target.n_embd}")
+    if config.vocab_size != target.n_vocab:
+        problems.append(f"vocab_size {config.vocab_size} != target vocabulary {target.n_vocab}")
+    if not 0 <= config.mask_token_id < target.n_vocab:
+        problems.append(f"mask_token_id {config.mask_token_id} is outside the target vocabulary [0, {target.n_vocab})")
+    bad = [i for i in config.target_layer_ids if not 0 <= i < target.n_layer - 1]
+    if bad:
+        problems.append(f"target_layer_ids {bad} are out of range for a {target.n_layer}-layer target "
+                        f"(valid: 0..{target.n_layer - 2}; the feature of id i is the input of layer i+1)")
+    if problems:
+        raise ConvertError(f"drafter does not fit target {name}: " + "; ".join(problems))

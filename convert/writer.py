@@ -1,0 +1,112 @@
+"""Write a DFlash drafter GGUF that llama.cpp's ``dflash`` architecture loads.
+
+Metadata: Qwen3 block hyper-parameters under ``dflash.*``, the DFlash keys
+``dflash.target_layers`` (layer-input indices = HF ``target_layer_ids`` + 1,
+int32 array) and ``dflash.block_size``, and the target's whole tokenizer
+(copied from the target GGUF) plus ``tokenizer.ggml.mask_token_id``.
+Tensors: ``fc``, ``enc.output_norm``, ``output_norm`` and ``blk.N.*``; no
+``token_embd``/``output``: llama.cpp takes them from the target context
+(``ctx_other``) at run time. Key and tensor names follow upstream llama.cpp
+(``src/llama-arch.cpp``, ``src/models/dflash.cpp``).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import gguf
+
+from .atomic import atomic_output
+from .layout import SHARED_NAMES, expected_shapes, gguf_name
+from .quant import FILE_TYPES, OUTTYPES, encode, encoded_nbytes, tensor_type
+from .target_info import MASK_TOKEN_KEY, TargetInfo
+from .zlab import DFlashConfig
+
+ARCH = "dflash"
+QT = gguf.GGMLQuantizationType
+
+
+def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Mapping[str, Any],
+                       target: TargetInfo, outtype: str = "f16", name: str | None = None) -> Path:
+    """Write the drafter GGUF; the file appears only when complete.
+
+    Args:
+        out: destination path.
+        config: validated drafter config (see ``validate``).
+        tensors: HF tensor name (no ``model.`` prefix) → object with ``shape``
+            and ``load() -> float32 ndarray`` (a ``LazyTensor``) or an ndarray;
+            the names must be exactly ``layout.expected_shapes`` (plus
+            optional shared copies, which are dropped).
+        target: the target's facts; its tokenizer is copied.
+        outtype: "f32", "f16", "bf16" or "q8_0" (norms stay F32; Q8_0 falls
+            back to F16 for rows not a multiple of 32).
+        name: ``general.name`` (default: the output file stem).
+
+    Returns:
+        the output Path.
+
+    Raises:
+        ValueError: unknown outtype. OSError: the destination cannot be written.
+    """
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, got {outtype!r}")
+    out = Path(out)
+    order = [n for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
+    with atomic_output(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), ARCH)
+        try:
+            add_metadata(w, config, target, outtype, name or out.stem)
+            plan = [(n, tuple(tensors[n].shape), tensor_type(tuple(tensors[n].shape), outtype)) for n in order]
+            for n, shape, qt in plan:
+                _add_info(w, gguf_name(n), shape, qt)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for n, _, qt in plan:
+                w.write_tensor_data(encode(_load(tensors[n]), qt))
+        finally:
+            w.close()
+    return out
+
+
+def add_metadata(w: gguf.GGUFWriter, config: DFlashConfig, target: TargetInfo, outtype: str, name: str) -> None:
+    """Add general, hyper-parameter, DFlash and tokenizer keys to ``w``."""
+    w.add_name(name)
+    w.add_file_type(FILE_TYPES[outtype])
+    if OUTTYPES[outtype] == QT.Q8_0:
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(config.max_position_embeddings or target.n_ctx_train or 4096)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
+    w.add_rope_freq_base(config.rope_theta)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if config.hidden_act != "silu":
+        w.add_string(f"{ARCH}.hidden_activation", config.hidden_act)
+    w.add_key_value(f"{ARCH}.target_layers", [i + 1 for i in config.target_layer_ids],
+                    gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
+    w.add_uint32(f"{ARCH}.block_size", config.block_size)
+    for kv in target.tokenizer:
+        w.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
+    w.add_uint32(MASK_TOKEN_KEY, config.mask_token_id)
+
+
+def _add_info(w: gguf.GGUFWriter, name: str, shape: tuple[int, ...], qt: QT) -> None:
+    """Declare a tensor of element ``shape`` stored as ``qt`` (data written later)."""
+    if qt in (QT.F32, QT.F16):
+        w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == QT.F32 else np.float16), encoded_nbytes(shape, qt))
+    else:
+        w.add_tensor_info(name, shape, np.dtype(np.float32), encoded_nbytes(shape, qt), raw_dtype=qt)
+
+
+def _load(t: Any) -> np.ndarray:
+    """float32 data of a LazyTensor-like object or an array."""
+    return t.load() if hasattr(t, "load") else np.asarray(t, dtype=np.float32)

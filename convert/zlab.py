@@ -1,0 +1,240 @@
+"""DFlash checkpoints in the z-lab Hugging Face layout.
+
+A checkpoint folder holds ``config.json`` (``architectures:
+["DFlashDraftModel"]``, Qwen3 fields, ``dflash_config {target_layer_ids,
+mask_token_id, block_size}``) and ``model.safetensors`` (or shards listed in
+``model.safetensors.index.json``). Method and layout: z-lab DFlash
+(Chen et al., "DFlash: Block Diffusion for Flash Speculative Decoding").
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .atomic import atomic_output
+from .errors import ConvertError
+from .layout import DrafterDims, strip_prefix
+from .safetensors_io import LazyTensor, read_safetensors, write_safetensors
+
+ARCHITECTURE = "DFlashDraftModel"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """The fields of a DFlash ``config.json`` that the GGUF needs.
+
+    Attributes:
+        hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+        head_dim, intermediate_size: Qwen3 block geometry.
+        vocab_size: vocabulary the drafter was trained with (the target's).
+        rms_norm_eps: RMSNorm epsilon.
+        rope_theta: RoPE base frequency.
+        max_position_embeddings: context length (0 when absent).
+        hidden_act: "silu" or "gelu".
+        target_layer_ids: 0-based target layers whose outputs are the features.
+        mask_token_id: id of the MASK token in the target vocabulary.
+        block_size: tokens per drafted block (16 for DFlash).
+        num_target_layers: depth of the target it was trained for (0 when absent).
+    """
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    hidden_act: str
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    block_size: int
+    num_target_layers: int = 0
+
+    @property
+    def dims(self) -> DrafterDims:
+        """Tensor-shape sizes of this drafter."""
+        return DrafterDims(self.hidden_size, self.num_hidden_layers, self.num_attention_heads,
+                           self.num_key_value_heads, self.head_dim, self.intermediate_size,
+                           len(self.target_layer_ids))
+
+    def to_dict(self, dtype: str = "float32") -> dict[str, Any]:
+        """A z-lab style ``config.json`` dict (``dtype``: "float32", "float16" or "bfloat16")."""
+        return {
+            "architectures": [ARCHITECTURE], "model_type": "qwen3",
+            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "rope_scaling": None, "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": self.hidden_act, "attention_bias": False, "tie_word_embeddings": False,
+            "use_sliding_window": False, "initializer_range": 0.02, "torch_dtype": dtype,
+            "block_size": self.block_size, "num_target_layers": self.num_target_layers,
+            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
+                              "mask_token_id": self.mask_token_id, "block_size": self.block_size},
+        }
+
+
+def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
+    """Validate a parsed ``config.json`` and extract a DFlashConfig.
+
+    Raises:
+        ConvertError: not a DFlash drafter, a missing or mistyped field, or a
+            feature llama.cpp's dflash loader path here does not support
+            (DFlash2, attention biases, sliding window, RoPE scaling).
+    """
+    if not isinstance(cfg, dict):
+        raise ConvertError(f"{source}: expected a JSON object")
+    archs = cfg.get("architectures") or []
+    if "DFlash2DraftModel" in archs:
+        raise ConvertError(f"{source}: DFlash2 drafters are not supported by tfm-convert yet")
+    if ARCHITECTURE not in archs:
+        raise ConvertError(f"{source}: architectures is {archs!r}, expected [{ARCHITECTURE!r}]")
+    _refuse_unsupported(cfg, source)
+    dflash = cfg.get("dflash_config") or {}
+    if not isinstance(dflash, dict):
+        raise ConvertError(f"{source}: dflash_config must be an object")
+    get = _Getter(cfg, source)
+    heads = get.int("num_attention_heads")
+    hidden = get.int("hidden_size")
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ConvertError(f"{source}: dflash_config.target_layer_ids must be a non-empty list of integers")
+    mask = dflash.get("mask_token_id")
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        raise ConvertError(f"{source}: dflash_config.mask_token_id must be an integer, got {mask!r}")
+    return DFlashConfig(
+        hidden_size=hidden, num_hidden_layers=get.int("num_hidden_layers"), num_attention_heads=heads,
+        num_key_value_heads=get.int("num_key_value_heads", heads), head_dim=get.int("head_dim", hidden // max(heads, 1)),
+        intermediate_size=get.int("intermediate_size"), vocab_size=get.int("vocab_size"),
+        rms_norm_eps=get.float("rms_norm_eps", 1e-6),
+        rope_theta=float(rope.get("rope_theta", get.float("rope_theta", 1e6))),
+        max_position_embeddings=get.int("max_position_embeddings", 0),
+        hidden_act=str(cfg.get("hidden_act", "silu")), target_layer_ids=tuple(ids), mask_token_id=mask,
+        block_size=_Getter(dflash, source).int("block_size", get.int("block_size", 16)),
+        num_target_layers=get.int("num_target_layers", 0),
+    )
+
+
+class _Getter:
+    """Typed access to config fields with ConvertError on a wrong type."""
+
+    def __init__(self, d: dict, source: str):
+        self.d, self.source = d, source
+
+    def int(self, key: str, default: int | None = None) -> int:
+        v = self.d.get(key, default)
+        if v is None or isinstance(v, bool) or not isinstance(v, int):
+            raise ConvertError(f"{self.source}: {key} must be an integer, got {v!r}")
+        return v
+
+    def float(self, key: str, default: float | None = None) -> float:
+        v = self.d.get(key, default)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConvertError(f"{self.source}: {key} must be a number, got {v!r}")
+        return float(v)
+
+
+def _refuse_unsupported(cfg: dict, source: str) -> None:
+    """ConvertError for config features this converter does not map."""
+    if cfg.get("attention_bias"):
+        raise ConvertError(f"{source}: attention_bias=true is not supported (DFlash blocks have no biases)")
+    if cfg.get("use_sliding_window"):
+        raise ConvertError(f"{source}: sliding-window drafters are not supported")
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if kind not in (None, "default"):
+            raise ConvertError(f"{source}: RoPE scaling {kind!r} is not supported")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "gelu", "gelu_pytorch_tanh"):
+        raise ConvertError(f"{source}: hidden_act {act!r} is not supported (silu or gelu)")
+
+
+def read_config(folder: Path) -> DFlashConfig:
+    """Read and validate ``folder/config.json``; ConvertError when missing or malformed."""
+    path = folder / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConvertError(f"checkpoint {folder} has no config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConvertError(f"{path}: malformed config.json ({e})") from None
+    return parse_config(cfg, str(path))
+
+
+def index_tensors(folder: Path) -> dict[str, LazyTensor]:
+    """Index the safetensors of a checkpoint folder, names without a ``model.`` prefix.
+
+    Uses ``model.safetensors.index.json`` when present, else every
+    ``*.safetensors`` file of the folder.
+
+    Raises:
+        ConvertError: no weights, an unreadable shard, or a tensor name stored twice.
+    """
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConvertError(f"{index}: malformed index ({e})") from None
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConvertError(f"checkpoint {folder} has no .safetensors weights")
+    out: dict[str, LazyTensor] = {}
+    for f in files:
+        for name, t in read_safetensors(f).items():
+            key = strip_prefix(name)
+            if key in out:
+                raise ConvertError(f"checkpoint {folder}: tensor {key!r} is stored twice")
+            out[key] = t
+    return out
+
+
+def locate_checkpoint(spec: str) -> Path:
+    """A local checkpoint folder for ``spec``: a folder path, or a hub id ``owner/name`` to download.
+
+    Raises:
+        ConvertError: no such folder and not a hub id, or the download failed.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or not _HUB_ID.match(spec):
+        raise ConvertError(f"checkpoint {spec!r} is neither a folder nor a hub id (owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as e:  # network, auth, missing repo: all user-facing
+        raise ConvertError(f"cannot download checkpoint {spec!r}: {e}") from None
+
+
+def write_checkpoint(folder: str | os.PathLike, config: DFlashConfig, tensors: dict, dtype: str = "F32") -> Path:
+    """Write a z-lab layout checkpoint: ``config.json`` + ``model.safetensors``.
+
+    Args:
+        folder: destination folder (created if needed).
+        config: the drafter config.
+        tensors: HF name → float array.
+        dtype: safetensors dtype, "F32", "F16" or "BF16".
+
+    Returns:
+        the folder as a Path. Each file appears only when complete.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch_dtype = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]
+    with atomic_output(folder / "model.safetensors") as tmp:
+        write_safetensors(tmp, tensors, dtype)
+    with atomic_output(folder / "config.json") as tmp:
+        tmp.write_text(json.dumps(config.to_dict(torch_dtype), indent=2) + "\n", encoding="utf-8")
+    return folder
