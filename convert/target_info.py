@@ -17,29 +17,13 @@ import numpy as np
 import gguf
 
 from .errors import ConvertError
+from .gguf_meta import GGUFKeyValue, read_gguf_meta
 
 #: Key set by the drafter itself, never copied from the target.
 MASK_TOKEN_KEY = "tokenizer.ggml.mask_token_id"
 
 #: Tokenizer keys naming special ids; those ids are never picked as a mask token.
 _SPECIAL_ID_KEYS = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "cls", "mask")
-
-
-@dataclass(frozen=True)
-class GGUFKeyValue:
-    """One GGUF metadata entry, ready to be re-written with ``GGUFWriter.add_key_value``.
-
-    Attributes:
-        key: metadata key, e.g. ``tokenizer.ggml.tokens``.
-        value: Python value (int, float, bool, str, or list of those).
-        vtype: GGUF value type.
-        sub_type: element type of an ARRAY, else None.
-    """
-
-    key: str
-    value: Any
-    vtype: gguf.GGUFValueType
-    sub_type: gguf.GGUFValueType | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +73,7 @@ class TargetInfo:
 
 
 def read_target_info(path: str | os.PathLike) -> TargetInfo:
-    """Read a target GGUF's shape facts and tokenizer.
+    """Read a target GGUF's shape facts and tokenizer (metadata only, fast).
 
     Args:
         path: target GGUF file.
@@ -105,66 +89,36 @@ def read_target_info(path: str | os.PathLike) -> TargetInfo:
     if not path.is_file():
         raise ConvertError(f"target GGUF not found: {path}")
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises many types on malformed input
-        raise ConvertError(f"target {path} is not a readable GGUF file, truncated or corrupt "
-                           f"({type(e).__name__}: {e})") from None
-    _check_tensor_extents(reader, path)
-    fields = {name: f for name, f in reader.fields.items()}
-    arch = _scalar(fields, "general.architecture", path)
-    tokens = fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
+        kv = read_gguf_meta(path).kv
+    except ConvertError as e:
+        raise ConvertError(f"target {e}") from None
+    arch = _required(kv, "general.architecture", path)
+    if "tokenizer.ggml.tokens" not in kv:
         raise ConvertError(f"target {path.name} has no vocabulary (tokenizer.ggml.tokens)")
-    n_vocab = len(tokens.data)
-    types_field = fields.get("tokenizer.ggml.token_type")
-    token_types = (np.asarray(types_field.contents(), dtype=np.int32) if types_field is not None
+    n_vocab = len(kv["tokenizer.ggml.tokens"].value)
+    types = kv.get("tokenizer.ggml.token_type")
+    token_types = (np.asarray(types.value, dtype=np.int32) if types is not None
                    else np.full(n_vocab, int(gguf.TokenType.NORMAL), dtype=np.int32))
     if token_types.shape != (n_vocab,):
         raise ConvertError(f"target {path.name}: token_type has {token_types.size} entries for {n_vocab} tokens")
-    rope = fields.get(f"{arch}.rope.freq_base")
+    rope = kv.get(f"{arch}.rope.freq_base")
+    ctx = kv.get(f"{arch}.context_length")
     return TargetInfo(
         path=path, arch=arch,
-        n_embd=int(_scalar(fields, f"{arch}.embedding_length", path)),
-        n_layer=int(_scalar(fields, f"{arch}.block_count", path)),
+        n_embd=int(_required(kv, f"{arch}.embedding_length", path)),
+        n_layer=int(_required(kv, f"{arch}.block_count", path)),
         n_vocab=n_vocab,
-        n_ctx_train=int(fields[f"{arch}.context_length"].contents()) if f"{arch}.context_length" in fields else 0,
-        rope_freq_base=float(rope.contents()) if rope is not None else None,
-        tokenizer=tuple(_key_value(f) for name, f in fields.items()
-                        if name.startswith("tokenizer.") and name != MASK_TOKEN_KEY),
+        n_ctx_train=int(ctx.value) if ctx is not None else 0,
+        rope_freq_base=float(rope.value) if rope is not None else None,
+        tokenizer=tuple(v for k, v in kv.items() if k.startswith("tokenizer.") and k != MASK_TOKEN_KEY),
         token_types=token_types,
-        special_ids=frozenset(_special_ids(fields)),
+        special_ids=frozenset(int(kv[f"tokenizer.ggml.{n}_token_id"].value) for n in _SPECIAL_ID_KEYS
+                              if f"tokenizer.ggml.{n}_token_id" in kv),
     )
 
 
-def _check_tensor_extents(reader: gguf.GGUFReader, path: Path) -> None:
-    """Raise ConvertError when a tensor's data runs past the end of the file (truncation)."""
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
-            raise ConvertError(f"target {path} is truncated or corrupt: tensor {t.name!r} "
-                               f"needs bytes up to {t.data_offset + t.n_bytes}, the file has {size}")
-
-
-def _scalar(fields: dict, key: str, path: Path) -> Any:
+def _required(kv: dict[str, GGUFKeyValue], key: str, path: Path) -> Any:
     """The value of a required scalar key; ConvertError when absent."""
-    f = fields.get(key)
-    if f is None:
+    if key not in kv:
         raise ConvertError(f"target {path.name} lacks the metadata key {key!r}")
-    return f.contents()
-
-
-def _key_value(f: gguf.ReaderField) -> GGUFKeyValue:
-    """Convert a reader field into a re-writable GGUFKeyValue."""
-    vtype = f.types[0]
-    sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-    return GGUFKeyValue(f.name, f.contents(), vtype, sub)
-
-
-def _special_ids(fields: dict) -> list[int]:
-    """Ids named by ``tokenizer.ggml.<name>_token_id`` keys."""
-    ids = []
-    for name in _SPECIAL_ID_KEYS:
-        f = fields.get(f"tokenizer.ggml.{name}_token_id")
-        if f is not None:
-            ids.append(int(f.contents()))
-    return ids
+    return kv[key].value

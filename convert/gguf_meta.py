@@ -1,0 +1,166 @@
+"""A fast reader of a GGUF file's metadata and tensor table (not its tensor data).
+
+``gguf.GGUFReader`` builds a numpy view per string, which takes ~20 s for
+the 300k tokenizer strings of a Qwen2.5 vocabulary; this reader parses the
+same header with ``struct`` in well under a second. Format: GGUF v2/v3
+(ggml ``docs/gguf.md``): magic ``GGUF``, version u32, tensor count u64,
+KV count u64, the KV pairs, the tensor infos, then the aligned data.
+
+Array elements that are strings are kept as raw ``bytes`` (copied verbatim
+into the drafter GGUF); scalar strings are decoded to ``str``.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import gguf
+
+from .errors import ConvertError
+
+VT = gguf.GGUFValueType
+_SCALARS = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I",
+            VT.INT32: "<i", VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q",
+            VT.FLOAT64: "<d"}
+
+
+@dataclass(frozen=True)
+class GGUFKeyValue:
+    """One metadata entry, ready for ``GGUFWriter.add_key_value(key, value, vtype, sub_type)``.
+
+    Attributes:
+        key: metadata key, e.g. ``tokenizer.ggml.tokens``.
+        value: int/float/bool/str scalar, or a list (strings as bytes).
+        vtype: GGUF value type.
+        sub_type: element type of an ARRAY, else None.
+    """
+
+    key: str
+    value: Any
+    vtype: VT
+    sub_type: VT | None = None
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of the table: name, ``ne`` dims (GGUF order), GGML type, absolute data range."""
+
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: int
+    begin: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GGUFMeta:
+    """Metadata (key → GGUFKeyValue, in file order) and tensor table of a GGUF file."""
+
+    kv: dict[str, GGUFKeyValue]
+    tensors: list[TensorEntry]
+
+
+class _Cursor:
+    """Sequential little-endian reads over a buffer; EOFError past its end."""
+
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise EOFError("unexpected end of file")
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return v
+
+    def raw_string(self) -> bytes:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise EOFError("unexpected end of file in a string")
+        s = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return s
+
+    def value(self, vt: VT) -> Any:
+        if vt == VT.STRING:
+            return self.raw_string().decode("utf-8", errors="replace")
+        return self.take(_SCALARS[vt])
+
+    def array(self, sub: VT, n: int) -> list:
+        if sub == VT.STRING:
+            return [self.raw_string() for _ in range(n)]
+        if sub == VT.ARRAY:
+            raise ValueError("nested arrays are not supported")
+        dt = np.dtype(_SCALARS[sub])
+        end = self.pos + n * dt.itemsize
+        if end > len(self.buf):
+            raise EOFError("unexpected end of file in an array")
+        out = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos).tolist()
+        self.pos = end
+        return out
+
+
+def read_gguf_meta(path: str | os.PathLike) -> GGUFMeta:
+    """Parse a GGUF file's metadata and tensor table; check that every tensor lies inside the file.
+
+    Raises:
+        ConvertError: missing file, bad magic/version, truncation, or a
+            malformed entry (unknown value or tensor type).
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(buf, path)
+    except FileNotFoundError:
+        raise ConvertError(f"GGUF file not found: {path}") from None
+    except (OSError, EOFError, ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path} is not a readable GGUF file, truncated or corrupt "
+                           f"({type(e).__name__}: {e})") from None
+
+
+def _parse(buf, path: Path) -> GGUFMeta:
+    """Parse the header of a mapped GGUF file (see read_gguf_meta)."""
+    c = _Cursor(buf)
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError("bad magic (not a GGUF file)")
+    c.pos = 4
+    version = c.take("<I")
+    if version not in (2, 3):
+        raise ValueError(f"unsupported GGUF version {version}")
+    n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+    kv: dict[str, GGUFKeyValue] = {}
+    for _ in range(n_kv):
+        key = c.raw_string().decode("utf-8")
+        vt = VT(c.take("<I"))
+        if vt == VT.ARRAY:
+            sub = VT(c.take("<I"))
+            kv[key] = GGUFKeyValue(key, c.array(sub, c.take("<Q")), vt, sub)
+        else:
+            kv[key] = GGUFKeyValue(key, c.value(vt), vt)
+    infos = []
+    for _ in range(n_tensors):
+        name = c.raw_string().decode("utf-8")
+        ne = tuple(c.take("<Q") for _ in range(c.take("<I")))
+        infos.append((name, ne, c.take("<I"), c.take("<Q")))
+    align = int(kv["general.alignment"].value) if "general.alignment" in kv else gguf.GGUF_DEFAULT_ALIGNMENT
+    data_start = -(-c.pos // align) * align
+    return GGUFMeta(kv, [_tensor_entry(i, data_start, len(buf)) for i in infos])
+
+
+def _tensor_entry(info: tuple, data_start: int, size: int) -> TensorEntry:
+    """Build a TensorEntry and check that its data fits in the file."""
+    name, ne, type_id, offset = info
+    block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
+    n = int(np.prod(ne, dtype=np.int64))
+    nbytes = n // block * type_size
+    begin = data_start + offset
+    if begin + nbytes > size:
+        raise EOFError(f"tensor {name!r} needs bytes up to {begin + nbytes}, the file has {size}")
+    return TensorEntry(name, ne, type_id, begin, nbytes)
