@@ -103,16 +103,24 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def prepare_source(key: str) -> Path:
-    """Unpacked sdist with our sources and patches applied, under the cache (reused per key)."""
-    work = cache_dir() / "src" / key
-    root = work / f"llama_cpp_python-{SDIST_VERSION}"
-    if (work / ".prepared").exists():
-        return root
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+def variant_key() -> str:
+    """Key of the persistent source and build folders: sdist, options and machine, not the patches.
+
+    Keeping these folders across patch changes lets CMake/ninja rebuild only
+    the files a patch touched.
+    """
+    h = hashlib.sha256()
+    h.update(SDIST_SHA256.encode())
+    h.update(" ".join(cmake_args()).encode())
+    h.update(os.uname().machine.encode())
+    return h.hexdigest()[:16]
+
+
+def _fresh_tree(work: Path) -> Path:
+    """Unpack the sdist into ``work``, add our sources, apply the patch series; returns the root."""
     with tarfile.open(fetch_sdist()) as tar:
         tar.extractall(work, filter="data")
+    root = work / f"llama_cpp_python-{SDIST_VERSION}"
     dst = root / "vendor" / "llama.cpp" / "src"
     for f in sorted(SRC_DIR.iterdir()):
         shutil.copy2(f, dst / f.name)
@@ -120,7 +128,37 @@ def prepare_source(key: str) -> Path:
         print(f"[tfm-build] applying {p.name}", flush=True)
         subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(p)], cwd=root,
                        check=True, stdout=subprocess.DEVNULL)
-    (work / ".prepared").touch()
+    return root
+
+
+def _sync_tree(src: Path, dst: Path) -> int:
+    """Make ``dst`` equal to ``src``, touching only files whose bytes differ; returns files written."""
+    n = 0
+    seen = set()
+    for f in src.rglob("*"):
+        rel = f.relative_to(src)
+        seen.add(rel)
+        g = dst / rel
+        if f.is_dir():
+            g.mkdir(parents=True, exist_ok=True)
+        elif not g.is_file() or g.stat().st_size != f.stat().st_size or g.read_bytes() != f.read_bytes():
+            g.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, g)
+            os.utime(g)  # newer than any object built from the old version
+            n += 1
+    for g in sorted(dst.rglob("*"), reverse=True):
+        if g.relative_to(dst) not in seen:
+            shutil.rmtree(g) if g.is_dir() else g.unlink()
+    return n
+
+
+def prepare_source() -> Path:
+    """The patched source tree in the cache, updated in place for the current patch series."""
+    root = cache_dir() / "src" / variant_key() / f"llama_cpp_python-{SDIST_VERSION}"
+    with tempfile.TemporaryDirectory(prefix="tfm-src-") as tmp:
+        fresh = _fresh_tree(Path(tmp))
+        root.mkdir(parents=True, exist_ok=True)
+        print(f"[tfm-build] {_sync_tree(fresh, root)} source files changed", flush=True)
     return root
 
 
@@ -136,14 +174,14 @@ def build_wheel(key: str) -> Path:
     if wheels:
         return wheels[0]
     t0 = time.time()
-    root = prepare_source(key)
+    root = prepare_source()
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "scikit-build-core[pyproject]>=0.9.2",
                     "cmake>=3.21", "ninja"], check=True)
     env = dict(os.environ)
     env["CMAKE_ARGS"] = " ".join(cmake_args())
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = os.environ.get("TFM_BUILD_JOBS", str(os.cpu_count() or 2))
     env.pop("SOURCE_DATE_EPOCH", None)  # it would turn GGML_NATIVE off
-    build_dir = cache_dir() / "build" / key
+    build_dir = cache_dir() / "build" / variant_key()
     with tempfile.TemporaryDirectory(prefix="tfm-wheel-") as stage:
         print(f"[tfm-build] building wheel ({env['CMAKE_ARGS']})", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",

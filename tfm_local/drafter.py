@@ -45,7 +45,7 @@ class DFlashDrafter:
         self.target = target
         self._check_compat()
         self.layers = native.model_target_layers(self.model.ptr)
-        bad = [il for il in self.layers if not 0 < il <= target.model.n_layer]
+        bad = [il for il in self.layers if not 0 <= il < target.model.n_layer]
         if not self.layers or bad:
             raise DrafterMismatchError(f"drafter target layers {self.layers} do not fit a "
                                        f"{target.model.n_layer}-layer target")

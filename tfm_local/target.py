@@ -17,6 +17,12 @@ from .llm import Context, Model
 from .tokenizer import Tokenizer
 
 
+# Architectures whose llama.cpp graph exposes layer inputs (``res->t_layer_inp``) in our
+# build: upstream's models plus qwen2 and gemma3 (patch 0002). Others would abort in C.
+FEATURE_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe",
+                           "gemma3", "gemma4", "lfm2", "gpt-oss", "nemotron_h", "minimax-m2"})
+
+
 class ContextOverflowError(ValueError):
     """The prompt (plus at least one new token) does not fit in the context."""
 
@@ -44,11 +50,15 @@ class Target:
 
     # -- features ------------------------------------------------------------------------
     def set_features(self, layers: list[int]) -> None:
-        """Extract the inputs of exactly ``layers`` (0..n_layer) on every following decode ([] = none).
+        """Extract the inputs of exactly ``layers`` (0..n_layer-1) on every following decode ([] = none).
 
-        Raises ValueError for a layer index outside the target.
+        Raises ValueError for a layer index outside the target, or a target
+        architecture whose graph does not expose layer inputs (FEATURE_ARCHS).
         """
-        bad = [il for il in layers if not 0 <= il <= self.model.n_layer]
+        if layers and self.model.arch not in FEATURE_ARCHS:
+            raise ValueError(f"target architecture {self.model.arch!r} does not expose layer features "
+                             f"in this build; DFlash drafting supports {sorted(FEATURE_ARCHS)}")
+        bad = [il for il in layers if not 0 <= il < self.model.n_layer]
         if bad:
             raise ValueError(f"target layers {bad} out of range for a {self.model.n_layer}-layer target")
         for il in set(self.feature_layers) - set(layers):
