@@ -3,6 +3,7 @@
 Modules, one job each:
 
 - ``errors``      ConvertError, the one exception users see
+- ``gguf_meta``   fast reader of a GGUF's metadata and tensor table
 - ``target_info`` facts read from the target GGUF (width, layers, vocabulary, tokenizer)
 - ``layout``      the DFlash drafter's tensors: Hugging Face names, GGUF names, shapes
 - ``safetensors_io`` minimal safetensors reader/writer (F32/F16/BF16, no torch)
@@ -12,6 +13,7 @@ Modules, one job each:
 - ``writer``      the drafter GGUF writer
 - ``random_init`` a randomly initialised drafter for any target
 - ``atomic``      files that appear only when complete
+- ``pipeline``    the two conversions as library calls (convert_checkpoint, init_random)
 - ``cli``         ``tfm-convert``
 """
 from .errors import ConvertError

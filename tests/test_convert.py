@@ -437,7 +437,7 @@ def test_random_drafter_loads_and_drafts_in_llama_cpp(tmp_path, lc, target):
     assert logits_a.shape == (16, info.n_vocab) and np.isfinite(logits_a).all()
     assert logits_a.std(axis=1).min() > 0.1  # the shared LM head gives spread logits
     np.testing.assert_allclose(logits_a2, logits_a, rtol=0, atol=1e-4)  # deterministic
-    assert np.abs(logits_a - logits_b).max() > 1e-2  # the injected features matter
+    assert np.abs(logits_a - logits_b).max() > 0.5  # the injected features matter
 
 
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
@@ -452,5 +452,40 @@ def test_converted_drafters_load_and_agree_with_f32(tmp_path, lc, hf_ckpt, targe
     want = _draft(lc, target, ref, feats, block, 4)
     got = _draft(lc, target, out, feats, block, 4)
     assert np.isfinite(got).all()
-    assert np.abs(got - want).max() < 0.1 * want.std()
-    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.999
+    # quantisation noise only: far below the effect of other features (checked in the test above)
+    rel, corr = {"f16": (0.05, 0.9999), "bf16": (0.1, 0.9999), "q8_0": (0.3, 0.998)}[outtype]
+    assert np.abs(got - want).max() < rel * want.std()
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > corr
+
+
+def test_random_drafter_drafts_from_real_target_features(tmp_path, lc):
+    """Every target layer the random init picks is one llama.cpp extracts (here a llama-arch target)."""
+    native = pytest.importorskip("tfm_local.native")
+    tgt = synth.write_tiny_target(tmp_path / "t.gguf", arch="llama", n_layer=N_LAYER, seed=2)
+    out, _ = init_random(tgt, tmp_path / "d.gguf", outtype="f16")
+    tmodel, dmodel = synth.load_model(tgt), synth.load_model(out)
+    tctx = synth.new_context(tmodel)
+    dctx = None
+    try:
+        layers = native.model_target_layers(dmodel)
+        assert max(layers) <= N_LAYER - 1
+        for il in layers:
+            native.set_layer_inp(tctx, il, True)
+        toks = synth.tokenize(tmodel, "the dog says hello to the fox")
+        synth.decode_tokens(tctx, toks)
+        feats = np.concatenate([native.get_layer_inp(tctx, il, len(toks), 64) for il in layers], axis=1)
+        assert feats.shape == (len(toks), len(layers) * 64) and np.isfinite(feats).all()
+        assert np.abs(feats[:, :64] - feats[:, -64:]).max() > 1e-3  # different layers, different features
+        dctx = synth.new_context(dmodel, n_batch=32, ctx_other=tctx)
+        lc.llama_set_causal_attn(dctx, False)
+        synth.decode_embeddings(dctx, feats[:-1], 0)
+        mask = lc.llama_vocab_mask(lc.llama_model_get_vocab(dmodel))
+        logits = synth.decode_tokens(dctx, [toks[-1]] + [mask] * 15, len(toks) - 1)
+        assert logits.shape == (16, lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(tmodel)))
+        assert np.isfinite(logits).all()
+    finally:
+        if dctx is not None:
+            lc.llama_free(dctx)
+        lc.llama_free(tctx)
+        lc.llama_model_free(dmodel)
+        lc.llama_model_free(tmodel)
