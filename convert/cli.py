@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> str:
     """
     from .pipeline import convert_checkpoint, init_random
 
+    if args.out is not None and not args.out.parent.is_dir():
+        raise ConvertError(f"output folder {args.out.parent} does not exist")
     target = resolve_target(args.target)
     if args.init_random:
         if args.checkpoint:

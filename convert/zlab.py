@@ -215,7 +215,8 @@ def locate_checkpoint(spec: str) -> Path:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors"]))
     except Exception as e:  # network, auth, missing repo: all user-facing
-        raise ConvertError(f"cannot download checkpoint {spec!r}: {e}") from None
+        raise ConvertError(f"checkpoint {spec!r} is no local folder, and downloading it as a hub id "
+                           f"failed: {e}") from None
 
 
 def write_checkpoint(folder: str | os.PathLike, config: DFlashConfig, tensors: dict, dtype: str = "F32") -> Path:

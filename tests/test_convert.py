@@ -360,7 +360,9 @@ def test_failed_write_leaves_no_file_and_keeps_old_output(tmp_path, hf_ckpt, tar
 
 def test_cli_usage_errors_exit_2(tmp_path, capsys, target):
     for argv in (["--target", str(target), "-o", str(tmp_path / "d.gguf")],
-                 ["--init-random", "--target", str(target)]):
+                 ["--init-random", "--target", str(target)],
+                 ["--init-random", "--target", str(target), "-o", str(tmp_path / "no" / "d.gguf")],
+                 ["--init-random", "--target", str(tmp_path / "absent.gguf"), "-o", str(tmp_path / "d.gguf")]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2
