@@ -31,7 +31,11 @@ def models(tmp_path_factory):
     drafter, _ = init_random(target, d / "drafter.gguf", layers=1, seed=1)
     other = write_tiny_target(d / "other.gguf", n_layer=2, n_embd=96, n_head=4, seed=3)
     other_drafter, _ = init_random(other, d / "other_drafter.gguf", layers=1)
-    return dict(target=target, drafter=drafter, other_drafter=other_drafter)
+    # q8_0 KV needs head sizes divisible by 32
+    wide = write_tiny_target(d / "wide.gguf", n_layer=3, n_embd=64, n_head=2, n_head_kv=1, seed=5)
+    wide_drafter, _ = init_random(wide, d / "wide_drafter.gguf", layers=1, seed=2)
+    return dict(target=target, drafter=drafter, other_drafter=other_drafter, wide=wide,
+                wide_drafter=wide_drafter)
 
 
 @pytest.fixture(scope="module")
@@ -167,13 +171,19 @@ def test_drafter_kv_matches_fresh_injection(models, engine):
 
 
 def test_q8_0_kv_cache_speculative_equals_plain(models):
-    spec = Engine(models["target"], models["drafter"], n_ctx=256, kv_type="q8_0", drafter_kv_type="q8_0")
-    base = Engine(models["target"], None, n_ctx=256, kv_type="q8_0")
+    # the tiny drafter's head size (16) cannot hold q8_0 blocks; the real-target test runs both in q8_0
+    spec = Engine(models["wide"], models["wide_drafter"], n_ctx=256, kv_type="q8_0")
+    base = Engine(models["wide"], None, n_ctx=256, kv_type="q8_0")
     try:
         assert spec.generate(PROMPTS[1], max_tokens=32) == base.generate(PROMPTS[1], max_tokens=32)
     finally:
         spec.close()
         base.close()
+
+
+def test_quantized_kv_with_small_heads_is_a_clear_error(models):
+    with pytest.raises(LlamaError, match="divisible by 32"):
+        Engine(models["target"], None, n_ctx=128, kv_type="q8_0")
 
 
 def test_stop_strings_and_streaming(plain):

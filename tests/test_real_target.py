@@ -92,6 +92,22 @@ def test_long_outputs_speculative_equals_plain(engines, prompt):
     assert_equal_or_near_tie(plain, ids, ref, out)
 
 
+def test_q8_0_kv_caches_speculative_equals_plain(engines):
+    _, plain = engines
+    spec = Engine(plain.target.model.path, "auto", n_ctx=1024, kv_type="q8_0", drafter_kv_type="q8_0")
+    base = Engine(plain.target.model.path, None, n_ctx=1024, kv_type="q8_0")
+    try:
+        p = load_prompt_set("gsm8k", 1)[0]
+        ids = base.prompt_tokens(p.messages)
+        ref = greedy(base, ids, 64)
+        out, tau = with_oracle(spec, ids, ref, 0.2, 64)
+        assert tau > 1.5
+        assert_equal_or_near_tie(base, ids, ref, out)
+    finally:
+        spec.close()
+        base.close()
+
+
 def test_chat_answer_is_text(engines):
     spec, _ = engines
     text = spec.generate([{"role": "user", "content": "Write a Python function that reverses a string."}],

@@ -133,8 +133,9 @@ class Context:
             p.ctx_other = ctx_other.ptr
         self.ptr = lc.llama_init_from_model(model.ptr, p)
         if not self.ptr:
+            hint = " (a quantized KV cache needs head sizes divisible by 32)" if kv_type.startswith("q") else ""
             raise LlamaError(f"llama.cpp could not create a context (n_ctx={n_ctx}, kv={kv_type}) for "
-                             f"{model.path.name}")
+                             f"{model.path.name}{hint}; set TFM_VERBOSE=1 for llama.cpp's log")
         self.n_ctx = lc.llama_n_ctx(self.ptr)
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
