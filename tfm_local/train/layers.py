@@ -52,14 +52,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
     Args:
         q: ``[B, Tq, H, D]``; k, v: ``[B, Tk, Hkv, D]`` with H a multiple of Hkv.
-        mask: bool ``[B|1, 1|H, Tq, Tk]``, True = may attend; or None.
+        mask: bool ``[B|1, 1, Tq, Tk]`` (shared by the heads), True = may attend; or None.
         causal: apply a causal mask instead (Tq == Tk, mask must be None).
     Returns:
-        ``[B, Tq, H·D]`` in q's dtype.
+        ``[B, Tq, H·D]`` in q's dtype. Query head h uses KV head ``h // (H / Hkv)``
+        (as llama.cpp); with a mask, the heads sharing a KV head are folded into
+        the query rows instead of copying K/V.
     """
-    rep = q.shape[2] // k.shape[2]
-    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-    if rep > 1:
-        kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal and mask is None)
-    return out.transpose(1, 2).flatten(2)
+    B, Tq, H, D = q.shape
+    Hkv = k.shape[2]
+    rep = H // Hkv
+    kh, vh = k.transpose(1, 2), v.transpose(1, 2)
+    if mask is None or rep == 1:
+        qh = q.transpose(1, 2)
+        if rep > 1:
+            kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal and mask is None)
+        return out.transpose(1, 2).flatten(2)
+    # grouped: the rep query heads of one KV head become rep × Tq query rows (no K/V copies)
+    if mask.shape[1] != 1:
+        raise ValueError("attention masks must be shared by the heads ([B, 1, Tq, Tk])")
+    qg = q.view(B, Tq, Hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, rep * Tq, D)
+    out = F.scaled_dot_product_attention(qg, kh, vh, attn_mask=mask.repeat(1, 1, rep, 1))
+    return out.view(B, Hkv, rep, Tq, D).permute(0, 3, 1, 2, 4).reshape(B, Tq, H * D)

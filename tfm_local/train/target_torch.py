@@ -177,3 +177,63 @@ class TorchTarget:
             x = x + self._mlp(b, x)
         cache.n = n1
         return self.lm_head(rms_norm(x[:, -1], self.out_norm, self.hp.rms_eps)).float()
+
+    @torch.no_grad()
+    def decode_one(self, tok: torch.Tensor, pos: torch.Tensor, cell: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per row with static shapes (CUDA-graph friendly): logits ``[B, n_vocab]`` float32.
+
+        Args:
+            tok, pos: int64 ``[B, 1]``. cell: int64 ``[1]``, the cache cell written
+                (the same for every row). cache: its ``n`` is not used or changed.
+        Attends over the whole cache, masked to valid cells ``≤ cell``.
+        """
+        cells = torch.arange(cache.key_ok.shape[1], device=self.device)
+        mask = (cache.key_ok & (cells[None, :] <= cell))[:, None, None, :]
+        x = self.embed(tok)
+        for li, b in enumerate(self.blocks):
+            q, k, v = self._qkv(b, x, pos)
+            cache.k[li].index_copy_(1, cell, k)
+            cache.v[li].index_copy_(1, cell, v)
+            x = x + attention(q, cache.k[li], cache.v[li], mask) @ b["attn_output"].T
+            x = x + self._mlp(b, x)
+        return self.lm_head(rms_norm(x[:, -1], self.out_norm, self.hp.rms_eps)).float()
+
+
+class Decoder:
+    """Repeated ``decode_one`` for a fixed batch and cache; replayed as a CUDA graph on a GPU.
+
+    Call ``(tok [B], pos [B], cell: int) -> logits [B, n_vocab]`` (float32; on
+    CUDA a view that the next call overwrites). On the CPU it runs eagerly.
+    ``first_cell`` is the cell of the first call (capture writes there first).
+    """
+
+    def __init__(self, target: TorchTarget, cache: KVCache, batch: int, first_cell: int):
+        self.t, self.cache = target, cache
+        dev = target.device
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.cell = torch.full((1,), first_cell, dtype=torch.long, device=dev)
+        self.graph = None
+        if dev.type == "cuda":
+            self._capture()
+
+    def _capture(self) -> None:
+        """Capture one step; warm-up and capture write only ``first_cell``, which the first call overwrites."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):  # warm-up outside the graph
+                self.t.decode_one(self.tok, self.pos, self.cell, self.cache)
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.t.decode_one(self.tok, self.pos, self.cell, self.cache)
+
+    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, cell: int) -> torch.Tensor:
+        self.tok.copy_(tok.view(-1, 1))
+        self.pos.copy_(pos.view(-1, 1))
+        self.cell.fill_(cell)
+        if self.graph is None:
+            return self.t.decode_one(self.tok, self.pos, self.cell, self.cache)
+        self.graph.replay()
+        return self.out
