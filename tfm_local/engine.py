@@ -21,7 +21,19 @@ from .sampling import SamplingParams, TokenChooser
 from .stats import GenerationStats
 from .stops import StopMatcher
 from .target import Target
+from .tree import BUILDERS, Tree, build_wide
 from .tokenizer import StreamDecoder, render_chat
+
+
+def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` tokens of each row and their log-probabilities, sorted descending: ``[D, k]`` each."""
+    x = logits.astype(np.float64)
+    lse = x.max(1, keepdims=True)
+    lse = lse + np.log(np.exp(x - lse).sum(1, keepdims=True))
+    idx = np.argpartition(-x, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(x, idx, 1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return np.take_along_axis(idx, order, 1), np.take_along_axis(vals, order, 1) - lse
 
 
 class Engine:
@@ -34,6 +46,9 @@ class Engine:
         budget: draft tokens verified per step (default block size - 1; 0 = plain decoding).
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
+        tree: "chain" (the DFlash chain), "ddtree" (best-first tree) or "wide" (w-wide heap);
+            for trees ``budget`` counts drafted nodes. tree_top_k: candidates per block position.
+        tree_width: heap entries expanded together by "wide".
     Raises:
         ModelNotFoundError / FileNotFoundError: a model cannot be found.
         DrafterMismatchError: the drafter does not fit the target.
@@ -41,7 +56,8 @@ class Engine:
 
     def __init__(self, target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
                  n_ctx: int = 4096, budget: int | None = None, kv_type: str = "f16",
-                 drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1):
+                 drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
+                 tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4):
         from .drafters import resolve_drafter
         from .models import DEFAULT_TARGET, resolve_model
 
@@ -53,6 +69,9 @@ class Engine:
             dpath = resolve_drafter(drafter, target_path)
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)
+        if tree not in ("chain", *BUILDERS):
+            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
+        self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.budget = 0
         self.set_budget(budget)
         self.tok = self.target.tok
@@ -64,7 +83,12 @@ class Engine:
 
         Raises ValueError for a negative budget.
         """
-        max_budget = self.drafter.block_size - 1 if self.drafter else 0
+        if self.drafter is None:
+            max_budget = 0
+        elif self.tree_mode == "chain":
+            max_budget = self.drafter.block_size - 1
+        else:
+            max_budget = self.target.n_batch - 1
         b = max_budget if budget is None else min(int(budget), max_budget)
         if b < 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
@@ -153,22 +177,39 @@ class Engine:
         pos = tgt.n_past
         k = min(self.budget, remaining - 1, tgt.n_ctx - pos - 1)
         t0 = time.perf_counter()
-        drafts = dft.draft_chain(last, pos, k) if dft is not None and k > 0 else []
-        t1 = time.perf_counter()
-        tokens = [last] + drafts
-        logits = tgt.verify(tokens)
-        parents = np.arange(-1, len(tokens) - 1)
-        walk = walk_tree(parents, np.asarray(tokens), lambda node: choose(logits[node]), max_tokens=remaining)
-        tgt.commit(len(walk.path))
+        if self.tree_mode != "chain" and dft is not None and k > 0:
+            tree = self._draft_tree(dft, last, pos, tgt.n_ctx - pos - 1)
+            t1 = time.perf_counter()
+            logits = tgt.verify_tree(tree.tokens, tree.depth, tree.parents)
+            walk = walk_tree(tree.parents, tree.tokens, lambda node: choose(logits[node]), max_tokens=remaining)
+            tgt.commit_tree(walk.path)
+            n_nodes, rows = len(tree), tgt.tree_rows(walk.path)
+        else:
+            drafts = dft.draft_chain(last, pos, k) if dft is not None and k > 0 else []
+            t1 = time.perf_counter()
+            tokens = np.asarray([last] + drafts)
+            logits = tgt.verify(tokens)
+            walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, lambda node: choose(logits[node]),
+                             max_tokens=remaining)
+            tgt.commit(len(walk.path))
+            n_nodes, rows = len(tokens), np.asarray(walk.path)
         t2 = time.perf_counter()
         if dft is not None:
-            dft.inject(tgt.features(np.asarray(walk.path), len(tokens)), pos)
+            dft.inject(tgt.features(rows, n_nodes), pos)
         st.t_draft += t1 - t0 + time.perf_counter() - t2
         st.t_verify += t2 - t1
         st.n_steps += 1
         st.n_step_tokens += len(walk.tokens)
-        st.n_drafted += len(drafts)
+        st.n_drafted += n_nodes - 1
         return walk.tokens
+
+    def _draft_tree(self, dft: DFlashDrafter, last: int, pos: int, room: int) -> Tree:
+        """Top-K marginals of one drafter pass → a tree of ``budget`` nodes (DDTree or w-wide)."""
+        depth = min(dft.block_size - 1, room)
+        cand, logp = top_k_logprobs(dft.marginals(last, pos, depth), self.tree_top_k)
+        if self.tree_mode == "wide":
+            return build_wide(last, cand, logp, self.budget, width=self.tree_width)
+        return BUILDERS[self.tree_mode](last, cand, logp, self.budget)
 
     def close(self) -> None:
         """Free both models and contexts."""

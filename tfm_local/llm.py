@@ -144,8 +144,9 @@ class Context:
         self._pos = (ctypes.c_int32 * 4)()
 
     # -- batches -------------------------------------------------------------------------
-    def decode_tokens(self, tokens, pos0: int, outputs) -> int:
-        """Decode ``tokens`` at positions ``pos0 + i``; ``outputs`` = per-token bools or "all"/"last".
+    def decode_tokens(self, tokens, pos0: int, outputs, positions=None) -> int:
+        """Decode ``tokens`` at positions ``pos0 + i`` (or ``positions[i]``); ``outputs`` = per-token
+        bools or "all"/"last".
 
         Returns the number of output rows. Raises LlamaError on a failed decode.
         """
@@ -156,7 +157,7 @@ class Context:
             idx = lc.llama_batch_ext_add_token(b, 0, int(t))
             if idx < 0:
                 raise LlamaError(f"token {t} rejected by llama.cpp batch (code {idx})")
-            self._pos[0] = pos0 + i
+            self._pos[0] = pos0 + i if positions is None else int(positions[i])
             lc.llama_batch_ext_set_pos(b, idx, self._pos)
             out = outputs == "all" or (outputs == "last" and i == n - 1) or (
                 not isinstance(outputs, str) and outputs[i])

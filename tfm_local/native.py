@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 1
+API_VERSION = 2
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -23,6 +23,8 @@ void tfm_set_layer_inp(void * ctx, uint32_t il, bool value);
 const float * tfm_get_layer_inp(void * ctx, uint32_t il);
 const int32_t * tfm_model_target_layers(const void * model, uint32_t * n);
 int32_t tfm_model_selector_top_k(const void * model);
+bool tfm_tree_set(void * ctx, const int32_t * parents, uint32_t n_nodes);
+bool tfm_tree_commit(void * ctx, const int32_t * keep, uint32_t n_keep);
 """
 
 
@@ -87,3 +89,29 @@ def model_selector_top_k(model) -> int:
     """DFlash2 path-selector top-k of a drafter model (0 for plain DFlash)."""
     ffi, h = lib()
     return int(h.tfm_model_selector_top_k(ffi.cast("void *", _ptr(model))))
+
+
+def tree_set(ctx, parents) -> None:
+    """Declare the next decode of ``ctx`` a draft tree; ``parents`` int ``[N]`` (-1 = root), or None to clear.
+
+    Raises NativeError when the context has no attention KV cache (e.g. a recurrent model).
+    """
+    ffi, h = lib()
+    if parents is None:
+        ok = h.tfm_tree_set(ffi.cast("void *", _ptr(ctx)), ffi.NULL, 0)
+    else:
+        arr = np.ascontiguousarray(parents, dtype=np.int32)
+        ok = h.tfm_tree_set(ffi.cast("void *", _ptr(ctx)), ffi.from_buffer("int32_t[]", arr), arr.shape[0])
+    if not ok:
+        raise NativeError("tree mode needs an attention KV cache")
+
+
+def tree_commit(ctx, keep) -> None:
+    """Keep the KV cells of tree nodes ``keep`` (int ``[n]``) and free the other nodes' cells.
+
+    Raises NativeError on a node index outside the last tree.
+    """
+    ffi, h = lib()
+    arr = np.ascontiguousarray(keep, dtype=np.int32)
+    if not h.tfm_tree_commit(ffi.cast("void *", _ptr(ctx)), ffi.from_buffer("int32_t[]", arr), arr.shape[0]):
+        raise NativeError(f"tree commit failed for nodes {list(arr)}")

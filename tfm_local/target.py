@@ -111,6 +111,44 @@ class Target:
         n = self.ctx.decode_tokens(tokens, self.n_past, "all")
         return self.ctx.logits(n)
 
+    def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
+        """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order.
+
+        Node i is decoded at ``n_past + depth[i]`` and attends to the committed
+        cache and its own ancestors only. llama.cpp needs non-decreasing
+        positions in a batch, so nodes are submitted sorted by depth (stable;
+        parents stay before children) and rows are mapped back. Raises
+        ContextOverflowError / ValueError when the tree does not fit the context
+        or one batch.
+        """
+        n = len(tokens)
+        if self.n_past + int(depth.max()) + 1 > self.n_ctx:
+            raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
+        if n > self.n_batch:
+            raise ValueError(f"a tree of {n} nodes exceeds the batch size {self.n_batch}")
+        order = np.argsort(depth, kind="stable")      # batch row -> node
+        row = np.empty(n, np.int64)
+        row[order] = np.arange(n)                      # node -> batch row
+        par = np.where(parents[order] < 0, -1, row[np.maximum(parents[order], 0)])
+        native.tree_set(self.ctx.ptr, par)
+        try:
+            self.ctx.decode_tokens(np.asarray(tokens)[order], self.n_past, "all",
+                                   positions=self.n_past + np.asarray(depth)[order])
+        except Exception:
+            native.tree_set(self.ctx.ptr, None)
+            raise
+        self._tree_row = row
+        return self.ctx.logits(n)[row]
+
+    def tree_rows(self, nodes) -> np.ndarray:
+        """Batch rows of tree ``nodes`` in the last tree decode (for ``features``)."""
+        return self._tree_row[np.asarray(nodes)]
+
+    def commit_tree(self, path: list[int]) -> None:
+        """Keep the tree nodes of ``path`` (root first) and free the other nodes' KV cells."""
+        native.tree_commit(self.ctx.ptr, self.tree_rows(path))
+        self.n_past += len(path)
+
     def commit(self, n_keep: int) -> None:
         """Keep the first ``n_keep`` verified tokens (root + accepted drafts) in the KV cache."""
         self.n_past += n_keep

@@ -34,6 +34,18 @@ LLAMA_API const int32_t * tfm_model_target_layers(const struct llama_model * mod
 // DFlash2 selector top-k (0 when the drafter has no path selector).
 LLAMA_API int32_t tfm_model_selector_top_k(const struct llama_model * model);
 
+// Tree mode (single sequence). Declare that the next decode is a draft tree of n_nodes
+// tokens: node i at position P + depth(i), parents[i] < i (-1 = child of the committed
+// prefix, i.e. a root); each node attends to the committed cells and to its ancestors only.
+// The tree must fit in one ubatch. parents = NULL or n_nodes = 0 clears tree mode.
+// Returns false when the context's memory has no attention KV cache.
+LLAMA_API bool tfm_tree_set(struct llama_context * ctx, const int32_t * parents, uint32_t n_nodes);
+
+// After a tree decode: keep the KV cells of nodes keep[0..n_keep) (the accepted root-to-node
+// path) and free every other node's cell by cell index, so that the cache holds exactly what
+// decoding the path alone would have stored. Clears tree mode. Returns false on a bad index.
+LLAMA_API bool tfm_tree_commit(struct llama_context * ctx, const int32_t * keep, uint32_t n_keep);
+
 #ifdef __cplusplus
 }
 #endif

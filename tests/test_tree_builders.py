@@ -1,0 +1,58 @@
+"""Tree builders over random marginals: shapes, topology, and DDTree = the global top-B set."""
+import itertools
+
+import numpy as np
+import pytest
+
+from tfm_local.tree import build_chain, build_ddtree, build_wide
+
+
+def marginals(rng, D, K, V=50):
+    logits = rng.normal(0, 2, (D, V))
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    order = np.argsort(-logp, axis=1)[:, :K]
+    return order, np.take_along_axis(logp, order, 1)
+
+
+def check_topology(tree):
+    assert tree.parents[0] == -1 and tree.depth[0] == 0
+    for i in range(1, len(tree)):
+        p = tree.parents[i]
+        assert 0 <= p < i and tree.depth[i] == tree.depth[p] + 1
+        assert tree.logp[i] <= tree.logp[p] + 1e-12
+    for p in set(tree.parents[1:].tolist()):  # siblings carry distinct tokens
+        kids = tree.tokens[1:][tree.parents[1:] == p]
+        assert len(set(kids.tolist())) == len(kids)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ddtree_is_global_top_b(seed):
+    rng = np.random.default_rng(seed)
+    D, K, B = 4, 3, 20
+    tok, lp = marginals(rng, D, K)
+    tree = build_ddtree(7, tok, lp, B)
+    check_topology(tree)
+    assert len(tree) == B + 1
+    every = sorted((float(sum(lp[d, ks[d]] for d in range(len(ks)))) for n in range(1, D + 1)
+                    for ks in itertools.product(range(K), repeat=n)), reverse=True)
+    assert np.allclose(sorted(tree.logp[1:], reverse=True), every[:B])
+
+
+def test_chain_and_wide():
+    rng = np.random.default_rng(1)
+    tok, lp = marginals(rng, 15, 8)
+    chain = build_chain(3, tok, lp, 15)
+    assert chain.parents.tolist() == list(range(-1, 15)) and chain.tokens[1:].tolist() == tok[:, 0].tolist()
+    for w in (1, 2, 4, 8):
+        t = build_wide(3, tok, lp, 64, width=w)
+        check_topology(t)
+        assert len(t) == 65
+    # width 1 is best-first exactly
+    assert np.allclose(build_wide(3, tok, lp, 64, width=1).logp, build_ddtree(3, tok, lp, 64).logp)
+
+
+def test_budget_larger_than_tree_and_zero():
+    rng = np.random.default_rng(2)
+    tok, lp = marginals(rng, 2, 2)
+    assert len(build_ddtree(0, tok, lp, 100)) == 1 + 2 + 4
+    assert len(build_ddtree(0, tok, lp, 0)) == 1

@@ -1,0 +1,137 @@
+"""Tree mode (patch 0003): one-pass verification of a draft tree on tiny synthetic targets.
+
+Each node's logits must equal decoding that node's root-to-node path alone;
+after committing an accepted path the cache must behave as if that path had
+been decoded normally.
+"""
+import numpy as np
+import pytest
+
+from tfm_local.engine import Engine
+from tfm_local.sampling import SamplingParams
+from tfm_local.target import Target
+
+from synth import write_tiny_target
+from test_engine import OracleDrafter, PROMPTS, run_ids
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def target_path(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"tree-{request.param}")
+    return write_tiny_target(d / "t.gguf", arch=request.param, n_layer=3, n_embd=64, seed=11)
+
+
+def random_tree(rng, n, vocab):
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    depth = [0]
+    for p in parents[1:]:
+        depth.append(depth[p] + 1)
+    return np.array(parents, np.int32), rng.integers(0, vocab, n).astype(np.int32), np.array(depth, np.int32)
+
+
+def path_of(parents, node):
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = int(parents[node])
+    return out[::-1]
+
+
+def close(a, b):
+    scale = np.abs(b).max()
+    return np.allclose(a, b, atol=2e-3 * scale) and int(a.argmax()) == int(b.argmax())
+
+
+@pytest.mark.parametrize("shape", ["chain", "star", "bushy"])
+def test_node_logits_equal_path_decoding(target_path, shape):
+    rng = np.random.default_rng({"chain": 1, "star": 2, "bushy": 3}[shape])
+    tree_t = Target(target_path, n_ctx=256, n_batch=64)
+    ref_t = Target(target_path, n_ctx=256, n_batch=64)
+    prompt = tree_t.tok.encode(PROMPTS[0])
+    n = 24
+    if shape == "chain":
+        parents = np.arange(-1, n - 1, dtype=np.int32)
+    elif shape == "star":
+        parents = np.array([-1] + [0] * (n - 1), np.int32)
+    else:
+        parents = random_tree(rng, n, 10)[0]
+    depth = np.zeros(n, np.int32)
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    tokens = rng.integers(0, tree_t.model.n_vocab - 20, n).astype(np.int32)
+    tree_t.prefill(prompt)
+    logits = np.array(tree_t.verify_tree(tokens, depth, parents))
+    for node in range(n):
+        ref_t.prefill(prompt)
+        ref = np.array(ref_t.verify([int(tokens[j]) for j in path_of(parents, node)]))[-1]
+        assert close(logits[node], ref), f"node {node} (depth {depth[node]}) differs from its path"
+    # commit the deepest path: the next decode equals plain decoding of prompt + path
+    leaf = int(np.argmax(depth))
+    path = path_of(parents, leaf)
+    tree_t.commit_tree(path)
+    nxt = np.array(tree_t.verify([5]))[0]
+    ref_t.prefill(prompt + [int(tokens[j]) for j in path] + [5])
+    assert close(nxt, np.array(ref_t.ctx.logits(1))[0])
+    tree_t.close()
+    ref_t.close()
+
+
+def test_commit_root_only_and_repeat(target_path):
+    t = Target(target_path, n_ctx=256, n_batch=64)
+    r = Target(target_path, n_ctx=256, n_batch=64)
+    rng = np.random.default_rng(5)
+    prompt = t.tok.encode(PROMPTS[2])
+    t.prefill(prompt)
+    committed = list(prompt)
+    for step in range(6):  # several tree steps in a row, committing 1..k nodes
+        parents, tokens, depth = random_tree(rng, 12, t.model.n_vocab - 20)
+        t.verify_tree(tokens, depth, parents)
+        node = int(rng.integers(0, 12)) if step else 0
+        path = path_of(parents, node)
+        t.commit_tree(path)
+        committed += [int(tokens[j]) for j in path]
+    probe = np.array(t.verify([7]))[0]
+    r.prefill(committed + [7])
+    assert close(probe, np.array(r.ctx.logits(1))[0])
+    t.close()
+    r.close()
+
+
+class TreeOracle(OracleDrafter):
+    """Marginals that put the reference token among the top candidates (often not first)."""
+
+    def marginals(self, last_token, pos, n_draft):
+        real = np.array(self.inner.marginals(last_token, pos, n_draft))
+        start = pos - self.prompt_len + 1
+        for i in range(n_draft):
+            j = start + i
+            if 0 <= j < len(self.script):
+                real[i, self.script[j]] = real[i].max() + (self.rng.normal(0, 1) - 0.3)
+        return real
+
+
+@pytest.mark.parametrize("mode", ["ddtree", "wide"])
+def test_tree_engine_greedy_equals_plain(target_path, mode):
+    from tfm_convert.pipeline import init_random
+
+    drafter, _ = init_random(target_path, target_path.with_name(f"d-{mode}.gguf"), layers=1, seed=3)
+    plain = Engine(target_path, None, n_ctx=512)
+    spec = Engine(target_path, drafter, n_ctx=512, tree=mode, budget=24)
+    try:
+        for prompt in PROMPTS:
+            ref = run_ids(plain, prompt, 48)
+            ids = plain.prompt_tokens(prompt)
+            real = spec.drafter
+            spec.drafter = TreeOracle(real, len(ids), ref, 0.0)
+            try:
+                out = run_ids(spec, prompt, 48)
+            finally:
+                spec.drafter = real
+            assert out == ref
+            assert spec.stats.tau > 1.5
+            assert run_ids(spec, prompt, 24) == ref[:24]  # the random drafter's trees too
+        sp = SamplingParams(temperature=0.9, seed=3)
+        assert run_ids(spec, PROMPTS[0], 32, sp) == run_ids(plain, PROMPTS[0], 32, sp)
+    finally:
+        spec.close()
+        plain.close()
