@@ -47,6 +47,7 @@ def _selection(args):
 
 
 def cmd_prompts(args) -> None:
+    """``tfm-train prompts``: select, tokenize and save the prompts."""
     from tfm_local.train.corpus import target_identity
     from tfm_local.train.prompts import ChatTokenizer, PromptFile, select_prompts, tokenize_prompts
 
@@ -78,6 +79,7 @@ def _prompt_source(args, target):
 
 
 def cmd_data(args) -> None:
+    """``tfm-train data``: generate (or resume) the corpus."""
     from tfm_local.train.generate import LlamaBackend, TorchBackend, build_corpus
 
     target = _target(args.target)
@@ -106,6 +108,7 @@ def _fit_options(args):
 
 
 def cmd_fit(args) -> None:
+    """``tfm-train fit``: train (or resume), then export."""
     from tfm_local.train.export import export
     from tfm_local.train.fit import drafter_config, fit
 
@@ -120,6 +123,7 @@ def cmd_fit(args) -> None:
 
 
 def cmd_export(args) -> None:
+    """``tfm-train export``: z-lab layout and GGUFs of a checkpoint."""
     from tfm_local.train.export import export
 
     for k, p in export(args.checkpoint, _target(args.target), args.out, tuple(args.outtype)).items():
@@ -127,6 +131,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_check_features(args) -> None:
+    """``tfm-train check-features``: exit 1 when a layer's mean cosine is below --min-cos."""
     import torch
 
     from tfm_local.train.checks import feature_cosines, sample_sequences
@@ -146,6 +151,7 @@ def cmd_check_features(args) -> None:
 
 
 def cmd_parity(args) -> None:
+    """``tfm-train parity``: exit 1 when the agreement is below --min."""
     from tfm_local.train.checks import drafter_parity, load_torch_drafter, sample_sequences
     from tfm_local.train.corpus import load_corpus
 
@@ -159,6 +165,7 @@ def cmd_parity(args) -> None:
 
 
 def cmd_smoke(args) -> None:
+    """``tfm-train smoke``: exit 1 unless the loss fell and parity ≥ 0.99."""
     import tempfile
 
     from tfm_local.train.smoke import run_smoke
@@ -175,6 +182,7 @@ def cmd_smoke(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of every subcommand."""
     ap = argparse.ArgumentParser(prog="tfm-train", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[2:]))

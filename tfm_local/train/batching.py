@@ -42,6 +42,7 @@ class Batch:
     labels: torch.Tensor
 
     def to(self, device) -> "Batch":
+        """The same batch with every tensor on ``device``."""
         return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 

@@ -98,6 +98,7 @@ class _Run:
                              "pass the same options to resume, or --restart")
 
     def save(self) -> None:
+        """Write the checkpoint of the current step (atomically)."""
         save_checkpoint(self.out / CKPT, {
             "config": dataclasses.asdict(self.config), "options": dataclasses.asdict(self.opts),
             "model": self.drafter.state_dict(), "optim": self.optim.state_dict(), "step": self.step,

@@ -31,7 +31,8 @@ class Prompts(Protocol):
 
     def __len__(self) -> int: ...
 
-    def get(self, rank: int) -> np.ndarray | None: ...
+    def get(self, rank: int) -> np.ndarray | None:
+        """Prompt ids (int32) of ``rank``, or None when skipped."""
 
 
 class LazyPrompts:
@@ -45,6 +46,7 @@ class LazyPrompts:
         return len(self.texts)
 
     def get(self, rank: int) -> np.ndarray | None:
+        """Tokenize prompt ``rank``; None when over ``max_prompt_tokens``."""
         ids = self.tok.prompt_ids(self.texts[rank])
         return np.asarray(ids, dtype=np.int32) if len(ids) <= self.max_prompt_tokens else None
 
@@ -59,6 +61,7 @@ class FilePrompts:
         return len(self.pf.ids)
 
     def get(self, rank: int) -> np.ndarray | None:
+        """Stored ids of prompt ``rank`` (None = skipped)."""
         return self.pf.ids[rank]
 
 
@@ -79,11 +82,13 @@ class LlamaBackend:
         self.engine = Engine(target, None, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads)
 
     def generate(self, prompts: list[np.ndarray], max_new: int) -> list[list[int]]:
+        """Greedy responses (token id lists, EOG included when reached), one prompt at a time."""
         from tfm_local.sampling import SamplingParams
 
         return [list(self.engine.generate_ids([int(t) for t in p], max_new, SamplingParams())) for p in prompts]
 
     def close(self) -> None:
+        """Free the llama.cpp model and context."""
         self.engine.close()
 
 
@@ -110,6 +115,7 @@ class TorchBackend:
         self.batch_size = batch_size
 
     def generate(self, prompts: list[np.ndarray], max_new: int) -> list[list[int]]:
+        """Greedy responses, batched by prompt length; same contract as ``LlamaBackend.generate``."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         out: list[list[int]] = [[] for _ in prompts]
         for s in range(0, len(order), self.batch_size):
@@ -142,6 +148,7 @@ class TorchBackend:
         return [_cut(row, self.eog) for row in torch.stack(toks, 1).tolist()]
 
     def close(self) -> None:
+        """Drop the model (its GPU memory is released with it)."""
         self.model = None
 
 

@@ -37,6 +37,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., dim]`` normalised, same dtype."""
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -62,6 +63,7 @@ class Attention(nn.Module):
 
     def forward(self, h: torch.Tensor, pos: torch.Tensor, ctx_kv: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None) -> torch.Tensor:
+        """Block inputs ``h [B, Q, hidden]`` at ``pos`` attend over ``ctx_kv`` + the block → ``[B, Q, hidden]``."""
         B, T, _ = h.shape
         q = rope(self.q_norm(self.q_proj(h).view(B, T, self.c.num_attention_heads, self.c.head_dim)), pos,
                  self.c.rope_theta)
@@ -81,6 +83,7 @@ class MLP(nn.Module):
         self.act = F.silu if c.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden]`` → ``[..., hidden]``."""
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -95,6 +98,7 @@ class Layer(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, x, pos, ctx_kv, mask):
+        """Block states ``x [B, Q, hidden]`` through one layer; ``ctx_kv``: this layer's context keys/values."""
         x = x + self.self_attn(self.input_layernorm(x), pos, ctx_kv, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -46,6 +46,7 @@ class Selection:
     scan_limit: int | None = None
 
     def to_dict(self) -> dict:
+        """The parameters as a JSON-able dict (recorded in manifests)."""
         return asdict(self)
 
 
@@ -124,6 +125,7 @@ class ChatTokenizer:
         return [i for i in range(self.tok.n_vocab) if self.tok.is_eog(i)]
 
     def close(self) -> None:
+        """Free the llama.cpp model."""
         self.model.close()
 
 
