@@ -361,6 +361,8 @@ def test_fit_resume_after_a_crash_equals_uninterrupted_run(smoke, tmp_path, monk
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
     with pytest.raises(TrainError, match="fit options"):
         fit(corpus, target, tmp_path / "b", FitOptions(**{**_opts(8).__dict__, "lr": 1e-3}), config, progress=False)
+    with pytest.raises(TrainError, match="another shape"):
+        fit(corpus, target, tmp_path / "b", _opts(8), drafter_config(target, 2, 64), progress=False)
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):

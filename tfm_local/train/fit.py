@@ -66,7 +66,11 @@ class _Run:
         self.seqs = [seqs[i] for i in keep]
         self.cuda = self.device.type == "cuda"
         self.state = load_checkpoint(self.out / CKPT) if (self.out / CKPT).is_file() else None
-        self.config = config_from_dict(self.state["config"]) if self.state else config
+        fresh = config or drafter_config(target, 5, None)
+        self.config = config_from_dict(self.state["config"]) if self.state else fresh
+        if self.state and config is not None and config != self.config:
+            raise TrainError(f"{self.out / CKPT} holds a drafter of another shape ({self.config}); "
+                             "pass the same --layers/--ffn/--target-layers/--mask-token, or --restart")
         self._check_resume(ident)
         torch.manual_seed(opts.seed)  # the initial weights depend on the seed only
         self.drafter = DFlashDraft(self.config).to(self.device)
@@ -128,7 +132,8 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
         corpus: corpus folder (``tfm-train data``). target: the target GGUF that generated it.
         out: run folder: ``checkpoint.pt``, ``log.jsonl``.
         opts: FitOptions. config: drafter config for a new run (default: 5
-            layers, see ``drafter_config``); a resumed run keeps its own.
+            layers, see ``drafter_config``); a resumed run keeps its own (a
+            different ``config`` given then is an error).
         device: "cuda" or "cpu". restart: discard an existing checkpoint.
     Raises:
         TrainError: corpus/target mismatch, resume with other options.
@@ -140,7 +145,7 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
     out.mkdir(parents=True, exist_ok=True)
     if restart and (out / CKPT).exists():
         (out / CKPT).unlink()
-    run = _Run(corpus, target, out, opts, config or drafter_config(target, 5, None), device)
+    run = _Run(corpus, target, out, opts, config, device)
     weights = position_weights(run.config.block_size, opts.gamma, run.device)
     bar = tqdm(total=run.total, initial=run.step, desc="fit", unit="step", disable=not progress)
     ema_loss = ema_tau = None

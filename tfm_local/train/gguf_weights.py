@@ -90,7 +90,8 @@ class GGUFTensors:
         try:
             out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
         except NotImplementedError:
-            raise TrainError(f"{self.path.name}: tensor {name} has type {qt.name}, which gguf cannot dequantize") from None
+            raise TrainError(f"{self.path.name}: tensor {name} has type {qt.name}, "
+                             "which gguf cannot dequantize") from None
         return np.array(out.reshape(tuple(reversed(e.ne))), dtype=np.float32, copy=True)  # never a view of the map
 
     def close(self) -> None:

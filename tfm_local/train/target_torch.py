@@ -97,7 +97,7 @@ class TorchTarget:
         h = rms_norm(x, b["attn_norm"], hp.rms_eps)
         q, k, v = (h @ b[n].T for n in ("attn_q", "attn_k", "attn_v"))
         if "attn_q.bias" in b:
-            q, k, v = q + b["attn_q.bias"].to(q.dtype), k + b["attn_k.bias"].to(k.dtype), v + b["attn_v.bias"].to(v.dtype)
+            q, k, v = (t + b[f"attn_{n}.bias"].to(t.dtype) for t, n in ((q, "q"), (k, "k"), (v, "v")))
         q = q.view(B, T, hp.n_head, hp.head_dim)
         k = k.view(B, T, hp.n_head_kv, hp.head_dim)
         v = v.view(B, T, hp.n_head_kv, hp.head_dim)
@@ -152,7 +152,9 @@ class TorchTarget:
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Decode ``ids [B, t]`` at ``pos [B, t]`` into cells ``cache.n ..``; last row's logits ``[B, n_vocab]`` (float32).
+        """Decode ``ids [B, t]`` at ``pos [B, t]`` into cells ``cache.n ..``.
+
+        Returns the last row's logits ``[B, n_vocab]`` (float32).
 
         Each query attends to the valid cached cells at or before its own cell
         (and always to itself, so left-padding rows stay finite).
