@@ -6,13 +6,17 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 ARGS   ?=
 
-.PHONY: run test install engine assets prompts
+.PHONY: run test install engine assets prompts torch
 
 run: install assets
 	$(VENV)/bin/tfm-chat $(ARGS)
 
-test: install assets prompts
+test: install assets prompts torch
 	$(PY) -m pytest -q -ra $(ARGS)
+
+# training tests need PyTorch (never used on the decode path); 2.13.0 is the local CPU wheel
+torch: $(PY)
+	$(PIP) install -q torch==2.13.0
 
 $(PY):
 	python3 -m venv $(VENV)

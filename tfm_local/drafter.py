@@ -102,10 +102,10 @@ class DFlashDrafter:
         if not 0 < n_draft < self.block_size:
             raise ValueError(f"n_draft must be in 1..{self.block_size - 1}, got {n_draft}")
         self.ctx.truncate(pos)
-        block = [last_token] + [self.mask_token] * n_draft
-        outputs = [False] + [True] * n_draft
-        self.ctx.decode_tokens(block, pos, outputs)
-        return self.ctx.logits(n_draft)
+        # llama.cpp's dflash graph emits logits for every block row whatever the output
+        # flags (as upstream's common/speculative.cpp reads them): take all, drop row 0.
+        self.ctx.decode_tokens([last_token] + [self.mask_token] * n_draft, pos, "all")
+        return self.ctx.logits(n_draft + 1)[1:]
 
     def draft_chain(self, last_token: int, pos: int, n_draft: int) -> list[int]:
         """Greedy chain of ``n_draft`` tokens: the argmax of each block position's marginal."""
