@@ -1,8 +1,13 @@
 """Which drafter GGUF a target uses: an explicit spec, or ``"auto"`` (the target's default).
 
-Until a trained drafter ships for a target, ``"auto"`` builds (once, cached)
-a randomly initialised DFlash drafter for it with ``tfm_convert``'s
-``--init-random`` path: speculation then runs end to end but accepts little.
+``"auto"`` picks, in order:
+
+1. a drafter shipped in ``tfm_local/assets`` for this target (matched by a
+   cheap file identity), stored without its vocabulary; the target's
+   tokenizer is attached once into the cache (``tfm_convert.vocab``);
+2. otherwise a randomly initialised DFlash drafter built once for the target
+   (``tfm_convert`` ``--init-random``): speculation runs end to end but
+   accepts little.
 """
 from __future__ import annotations
 
@@ -14,6 +19,12 @@ from pathlib import Path
 from .paths import cache_dir
 
 RANDOM_LAYERS = 1
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+#: target identity (see ``_target_key``) → shipped vocabulary-less drafter (trained, see docs/training.md)
+SHIPPED = {
+    "d5cde8a7e219b5f2": "qwen2.5-coder-1.5b-instruct.dflash-L1-q8_0.novocab.gguf",
+}
 
 
 def _target_key(target: Path) -> str:
@@ -24,6 +35,20 @@ def _target_key(target: Path) -> str:
         f.seek(max(0, target.stat().st_size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+def shipped_drafter_for(target: Path) -> Path | None:
+    """The shipped trained drafter of ``target`` with the target's vocabulary attached, or None."""
+    name = SHIPPED.get(_target_key(target))
+    if name is None:
+        return None
+    out = cache_dir() / "drafters" / name.replace(".novocab", "")
+    if not out.exists():
+        from tfm_convert.vocab import attach_vocab
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        attach_vocab(ASSETS / name, target, out)
+    return out
 
 
 def random_drafter_for(target: Path) -> Path:
@@ -40,8 +65,10 @@ def random_drafter_for(target: Path) -> Path:
 
 
 def resolve_drafter(spec: str | os.PathLike, target: Path) -> Path:
-    """Drafter GGUF path for ``spec`` (path, hub spec, built-in name, or "auto") and ``target``."""
+    """Drafter GGUF path for ``spec`` (path, hub spec, built-in name, "auto" or "random") and ``target``."""
     if str(spec) == "auto":
+        return shipped_drafter_for(Path(target)) or random_drafter_for(Path(target))
+    if str(spec) == "random":
         return random_drafter_for(Path(target))
     from .models import resolve_model
 

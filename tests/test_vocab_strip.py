@@ -1,0 +1,40 @@
+"""strip_vocab / attach_vocab: a vocabulary-less drafter regains the target's tokenizer, bytes unchanged."""
+import numpy as np
+import pytest
+
+from tfm_convert.errors import ConvertError
+from tfm_convert.gguf_meta import read_gguf_meta
+from tfm_convert.pipeline import init_random
+from tfm_convert.vocab import attach_vocab, strip_vocab
+
+from synth import write_tiny_target
+
+
+def test_strip_then_attach_round_trip(tmp_path):
+    target = write_tiny_target(tmp_path / "t.gguf", n_layer=3)
+    drafter, _ = init_random(target, tmp_path / "d.gguf", outtype="q8_0")
+    bare = strip_vocab(drafter, tmp_path / "bare.gguf")
+    full = attach_vocab(bare, target, tmp_path / "full.gguf")
+    m0, mb, m1 = (read_gguf_meta(p) for p in (drafter, bare, full))
+    assert not [k for k in mb.kv if k.startswith("tokenizer.") and k != "tokenizer.ggml.mask_token_id"]
+    assert mb.kv["tokenizer.ggml.mask_token_id"].value == m0.kv["tokenizer.ggml.mask_token_id"].value
+    assert {k: v.value for k, v in m1.kv.items()} == {k: v.value for k, v in m0.kv.items()}
+    b0, b1 = drafter.read_bytes(), full.read_bytes()
+    for t0, t1 in zip(m0.tensors, m1.tensors):
+        assert (t0.name, t0.ne, t0.ggml_type) == (t1.name, t1.ne, t1.ggml_type)
+        assert b0[t0.begin:t0.begin + t0.nbytes] == b1[t1.begin:t1.begin + t1.nbytes]
+    from tfm_local.drafter import DFlashDrafter
+    from tfm_local.target import Target
+
+    tg = Target(target, n_ctx=128, n_batch=64)
+    d = DFlashDrafter(full, tg)
+    assert np.isfinite(d.marginals(5, 0, 4)).all()
+
+
+def test_attach_refuses_a_target_without_tokenizer(tmp_path):
+    target = write_tiny_target(tmp_path / "t.gguf", n_layer=3)
+    drafter, _ = init_random(target, tmp_path / "d.gguf")
+    bare = strip_vocab(drafter, tmp_path / "bare.gguf")
+    with pytest.raises(ConvertError, match="no tokenizer"):
+        attach_vocab(bare, bare, tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
