@@ -20,7 +20,10 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
                     "'auto' = the default drafter of the target")
     ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
-    ap.add_argument("--budget", type=int, default=None, help="draft tokens verified per step (default block size - 1)")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="draft tokens verified per step (default: block size - 1 for the chain, 63 for trees)")
+    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide"],
+                    help="draft shape: the DFlash chain, a DDTree best-first tree, or a w-wide heap tree")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
@@ -45,11 +48,13 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def engine_from_args(args: argparse.Namespace):
     """Build the Engine; model and drafter problems end the program with a clear message."""
     from ..engine import Engine
+    from ..models import ModelError
 
     try:
+        budget = args.budget if args.budget is not None or args.tree == "chain" else 63
         return Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
-                      n_ctx=args.n_ctx, budget=args.budget, kv_type=args.kv_type,
+                      n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
                       drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
-                      n_gpu_layers=0 if args.cpu else -1)
-    except (OSError, ValueError, RuntimeError) as e:
+                      n_gpu_layers=0 if args.cpu else -1, tree=args.tree)
+    except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))
