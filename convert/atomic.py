@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import ConvertError
+
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
@@ -20,6 +22,10 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
         Path of the temporary file to write.
     """
     dest = Path(path)
+    if dest.exists() and not dest.is_file():
+        raise ConvertError(f"output {dest} exists and is not a regular file (a folder, device or pipe)")
+    if not dest.parent.is_dir():
+        raise ConvertError(f"output folder {dest.parent} does not exist")
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
         yield tmp

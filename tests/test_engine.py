@@ -227,3 +227,15 @@ def test_bad_arguments(engine):
         engine.generate("x", max_tokens=0)
     with pytest.raises(ValueError):
         engine.generate("x", temperature=-1)
+
+
+def test_closed_engine_and_tiny_contexts(models):
+    e = Engine(models["target"], models["drafter"], n_ctx=32)
+    out = e.generate(PROMPTS[2], max_tokens=100)  # runs to the context limit without error
+    assert e.target.n_past <= 32
+    e.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        e.generate("x", max_tokens=2)
+    with pytest.raises(ValueError, match="n_ctx"):
+        Engine(models["target"], None, n_ctx=8)
+    assert isinstance(out, str)

@@ -135,3 +135,25 @@ def test_tree_engine_greedy_equals_plain(target_path, mode):
     finally:
         spec.close()
         plain.close()
+
+
+@pytest.mark.parametrize("mode", ["ddtree", "wide"])
+def test_tree_runs_to_the_end_of_a_small_context(target_path, mode):
+    """Node count is bounded by the room left: generation ends cleanly at the context limit."""
+    from tfm_convert.pipeline import init_random
+
+    drafter, _ = init_random(target_path, target_path.with_name(f"e-{mode}.gguf"), layers=1, seed=4)
+    plain = Engine(target_path, None, n_ctx=64)
+    with Engine(target_path, drafter, n_ctx=64, tree=mode) as spec:
+        assert spec.budget == 63 or spec.budget == spec.target.n_batch - 1
+        out = run_ids(spec, PROMPTS[0], 1000)
+        assert out == run_ids(plain, PROMPTS[0], 1000)
+        assert spec.target.n_past <= 64
+    plain.close()
+
+
+def test_bad_tree_options(target_path):
+    with pytest.raises(ValueError):
+        Engine(target_path, None, n_ctx=64, tree="wide", tree_width=0)
+    with pytest.raises(ValueError):
+        Engine(target_path, None, n_ctx=64, tree="forest")

@@ -25,6 +25,9 @@ from .tree import BUILDERS, Tree, build_wide
 from .tokenizer import StreamDecoder, render_chat
 
 
+DEFAULT_TREE_BUDGET = 63
+
+
 def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` tokens of each row and their log-probabilities, sorted descending: ``[D, k]`` each."""
     x = logits.astype(np.float64)
@@ -40,7 +43,7 @@ class Engine:
     """Speculative decoding engine over a GGUF target and an optional DFlash drafter.
 
     Args:
-        target: model spec of the target (path, ``owner/repo:file.gguf`` or a built-in name).
+        target: model spec of the target (path, ``hf://owner/repo/file.gguf`` or a built-in name).
         drafter: drafter spec, ``"auto"`` (the default drafter for the target) or None (plain decoding).
         n_ctx: context length in tokens.
         budget: draft tokens verified per step (default block size - 1; 0 = plain decoding).
@@ -71,6 +74,9 @@ class Engine:
                                          n_gpu_layers=n_gpu_layers)
         if tree not in ("chain", *BUILDERS):
             raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
+        if int(tree_width) < 1 or not 1 <= int(tree_top_k) <= self.target.model.n_vocab:
+            raise ValueError(f"tree_width must be >= 1 and tree_top_k in 1..n_vocab "
+                             f"(got {tree_width}, {tree_top_k})")
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.budget = 0
         self.set_budget(budget)
@@ -79,7 +85,8 @@ class Engine:
 
     # -- public API ----------------------------------------------------------------------
     def set_budget(self, budget: int | None) -> None:
-        """Draft tokens verified per step: None = block size - 1, 0 = plain decoding (drafter idle).
+        """Draft tokens verified per step: None = the default (block size - 1 for the chain,
+        DEFAULT_TREE_BUDGET nodes for trees), 0 = plain decoding (drafter idle).
 
         Raises ValueError for a negative budget.
         """
@@ -89,6 +96,7 @@ class Engine:
             max_budget = self.drafter.block_size - 1
         else:
             max_budget = self.target.n_batch - 1
+            budget = DEFAULT_TREE_BUDGET if budget is None else budget
         b = max_budget if budget is None else min(int(budget), max_budget)
         if b < 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
@@ -118,6 +126,12 @@ class Engine:
         ``self.stats`` holds the statistics of the last generation.
         Raises ContextOverflowError (before any work) when the prompt does not fit.
         """
+        if self.target is None:
+            raise RuntimeError("this Engine is closed")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
+        if stop is not None and not isinstance(stop, (str, list, tuple)):
+            raise ValueError("stop must be a string or a list of strings")
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
         ids = self.prompt_tokens(prompt)
         self.target.check_fits(len(ids))
@@ -204,15 +218,28 @@ class Engine:
         return walk.tokens
 
     def _draft_tree(self, dft: DFlashDrafter, last: int, pos: int, room: int) -> Tree:
-        """Top-K marginals of one drafter pass → a tree of ``budget`` nodes (DDTree or w-wide)."""
+        """Top-K marginals of one drafter pass → a tree of ``budget`` nodes (DDTree or w-wide).
+
+        Every node takes a KV cell, so the node count is bounded by the room left in the context.
+        """
         depth = min(dft.block_size - 1, room)
+        budget = min(self.budget, room, self.target.n_batch - 1)
         cand, logp = top_k_logprobs(dft.marginals(last, pos, depth), self.tree_top_k)
         if self.tree_mode == "wide":
-            return build_wide(last, cand, logp, self.budget, width=self.tree_width)
-        return BUILDERS[self.tree_mode](last, cand, logp, self.budget)
+            return build_wide(last, cand, logp, budget, width=self.tree_width)
+        return BUILDERS[self.tree_mode](last, cand, logp, budget)
 
     def close(self) -> None:
-        """Free both models and contexts."""
+        """Free both models and contexts; later calls raise RuntimeError (idempotent)."""
         if self.drafter is not None:
             self.drafter.close()
-        self.target.close()
+            self.drafter = None
+        if self.target is not None:
+            self.target.close()
+            self.target = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -23,6 +23,9 @@ FEATURE_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next", "
                            "gemma3", "gemma4", "lfm2", "gpt-oss", "nemotron_h", "minimax-m2"})
 
 
+MIN_CTX = 32
+
+
 class ContextOverflowError(ValueError):
     """The prompt (plus at least one new token) does not fit in the context."""
 
@@ -39,11 +42,14 @@ class Target:
 
     def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, n_batch: int = 512,
                  kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1):
+        if not isinstance(n_ctx, int) or n_ctx < MIN_CTX:
+            raise ValueError(f"n_ctx must be an integer >= {MIN_CTX}, got {n_ctx!r}")
+        n_batch = min(n_batch, n_ctx)
         self.model = Model(path, n_gpu_layers=n_gpu_layers)
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                            kv_type=kv_type, n_threads=n_threads)
         self.tok = Tokenizer(self.model)
-        self.n_ctx = self.ctx.n_ctx
+        self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round up; the batch limit follows the request
         self.n_batch = n_batch
         self.feature_layers: list[int] = []
         self.n_past = 0

@@ -28,18 +28,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-MODE_BUDGET = {"plain": 0, "chain": None}
+MODES = ("plain", "chain")
 
 
-def run_one(engine, prompt, mode: str, max_tokens: int) -> dict:
-    """Greedy generation of one prompt in one mode; returns its stats and output token ids."""
+def run_one(engine, prompt, mode: str, max_tokens: int, budget: int | None) -> dict:
+    """Greedy generation of one prompt in one mode; returns its stats and output token ids.
+
+    ``mode`` "chain" uses the engine's draft shape (``--tree``) with ``budget``; "plain" drafts nothing.
+    """
     from ..sampling import SamplingParams
 
-    engine.set_budget(MODE_BUDGET[mode])
+    engine.set_budget(0 if mode == "plain" else budget)
     ids = engine.prompt_tokens(prompt.messages)
     out = list(engine.generate_ids(ids, max_tokens, SamplingParams()))
     d = engine.stats.to_dict()
-    d.update(prompt_id=prompt.id, mode=mode, output_ids=out)
+    d.update(prompt_id=prompt.id, mode=mode if mode == "plain" else engine.tree_mode, budget=engine.budget,
+             output_ids=out)
     return d
 
 
@@ -57,9 +61,14 @@ def aggregate(rows: list[dict]) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     modes = args.modes.split(",")
-    bad = [m for m in modes if m not in MODE_BUDGET]
+    bad = [m for m in modes if m not in MODES]
     if bad:
-        fail(f"unknown mode(s) {bad}; choose from {sorted(MODE_BUDGET)}")
+        fail(f"unknown mode(s) {bad}; choose from {list(MODES)}")
+    if args.max_tokens < 1 or args.n_prompts < 1:
+        fail("--max-tokens and -n must be >= 1")
+    out_dir = os.path.dirname(os.path.abspath(args.json))
+    if not os.path.isdir(out_dir) or os.path.isdir(args.json):
+        fail(f"cannot write --json {args.json}: no such folder, or it is a folder")
     from ..data import load_prompt_set
 
     try:
@@ -73,10 +82,13 @@ def main(argv=None) -> None:
     for name, prompts in sets.items():
         for i, p in enumerate(prompts):
             for mode in modes:
-                runs.append(dict(run_one(engine, p, mode, args.max_tokens), set=name))
+                try:
+                    runs.append(dict(run_one(engine, p, mode, args.max_tokens, args.budget), set=name))
+                except ValueError as e:  # no chat template, prompt over the context
+                    fail(str(e))
             print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
-        for mode in modes:
+        for mode in {r["mode"]: None for r in runs if r["set"] == name}:
             table.append(dict(set=name, mode=mode, **aggregate([r for r in runs if r["set"] == name and
                                                                   r["mode"] == mode])))
     print_table(table)

@@ -59,11 +59,19 @@ def interactive(engine, args) -> None:
             print("(conversation cleared)", file=sys.stderr)
             continue
         history.append({"role": "user", "content": line})
-        history.append({"role": "assistant", "content": answer(engine, system + history, args)})
+        try:
+            reply = answer(engine, system + history, args)
+        except ValueError as e:  # the conversation outgrew the context
+            history.pop()
+            print(f"error: {e}\n(type /reset to start a new conversation)", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": reply})
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.max_tokens < 1:
+        fail("--max-tokens must be >= 1")
     engine = engine_from_args(args)
     try:
         if args.prompt is not None:
@@ -73,6 +81,8 @@ def main(argv=None) -> None:
             interactive(engine, args)
     except ValueError as e:  # prompt over the context, bad sampling values
         fail(str(e))
+    except BrokenPipeError:  # e.g. `tfm-chat ... | head`
+        sys.stderr.close()
     finally:
         engine.close()
 

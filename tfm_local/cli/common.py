@@ -15,7 +15,7 @@ def fail(msg: str, code: int = 2) -> None:
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
     """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads."""
     ap.add_argument("--target", default=None,
-                    help="target GGUF: a path, owner/repo:file.gguf or a built-in name "
+                    help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in name "
                          "(default qwen2.5-coder-1.5b-instruct)")
     ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
                     "'auto' = the default drafter of the target")
