@@ -70,8 +70,8 @@ def test_prompt_sets_speculative_equals_plain(engines, set_name):
         ids = plain.prompt_tokens(p.messages)
         ref = greedy(plain, ids, 128)
         out, tau = with_oracle(spec, ids, ref, 0.2, 128)
-        assert tau > 1.5
         assert_equal_or_near_tie(plain, ids, ref, out)
+        assert tau > 1.5 or out != ref  # after a near-tie flip the script no longer matches
         if i == 0:  # the default drafter, end to end
             assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 128))
 
@@ -88,8 +88,8 @@ def test_long_outputs_speculative_equals_plain(engines, prompt):
     ref = greedy(plain, ids, 560)
     assert len(ref) >= 512, "the prompt should produce a long answer"
     out, tau = with_oracle(spec, ids, ref, 0.1, 560)
-    assert tau > 2
     assert_equal_or_near_tie(plain, ids, ref, out)
+    assert tau > 2 or out != ref
 
 
 def test_q8_0_kv_caches_speculative_equals_plain(engines):
@@ -101,8 +101,8 @@ def test_q8_0_kv_caches_speculative_equals_plain(engines):
         ids = base.prompt_tokens(p.messages)
         ref = greedy(base, ids, 64)
         out, tau = with_oracle(spec, ids, ref, 0.2, 64)
-        assert tau > 1.5
         assert_equal_or_near_tie(base, ids, ref, out)
+        assert tau > 1.5 or out != ref
     finally:
         spec.close()
         base.close()
