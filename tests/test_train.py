@@ -363,6 +363,27 @@ def test_fit_resume_after_a_crash_equals_uninterrupted_run(smoke, tmp_path, monk
         fit(corpus, target, tmp_path / "b", _opts(8), drafter_config(target, 2, 64), progress=False)
 
 
+def test_time_budget_shortens_the_schedule(smoke, tmp_path, monkeypatch):
+    """With a fake clock of 1 s per step and a 60 s budget, the fit stops near 0.97 × 60 steps."""
+    from tfm_local.train import fit as fit_mod
+    from tfm_local.train.fit import drafter_config, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    clock = [1000.0]
+    real = fit_mod.block_loss
+
+    def one_second_per_step(*a, **k):
+        clock[0] += 1.0
+        return real(*a, **k)
+
+    monkeypatch.setattr(fit_mod, "block_loss", one_second_per_step)
+    monkeypatch.setattr(fit_mod.time, "time", lambda: clock[0])
+    opts = FitOptions(**{**_opts(None).__dict__, "epochs": 400, "time_budget_s": 60.0})
+    fit(corpus, target, tmp_path / "r", opts, drafter_config(target, 1, 32), progress=False)
+    step = load_checkpoint(tmp_path / "r" / "checkpoint.pt")["step"]
+    assert 55 <= step <= 59, step
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     save_checkpoint(tmp_path / "c.pt", {"step": 3, "model": {"w": torch.ones(4)}})
     assert load_checkpoint(tmp_path / "c.pt")["step"] == 3
@@ -393,3 +414,27 @@ def test_cli_parity_export_and_errors(smoke, tmp_path, capsys):
         main(["fit", "--corpus", str(tmp_path / "nothing"), "--target", str(smoke.paths["target"]),
               "--out", str(tmp_path / "run")])
     assert e.value.code == 2 and "not a corpus folder" in capsys.readouterr().err
+
+
+def test_chunked_head_loss_equals_one_shot_loss_and_gradient():
+    """Checkpointed chunks of the LM head give the loss, hits and input gradient of one big chunk."""
+    from tfm_local.train.recipe import _chunked_head_loss
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(50, 8, generator=g)
+    h = torch.randn(23, 8, generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (23,), generator=g)
+    w = torch.rand(23, generator=g)
+    lm_head = lambda x: x @ head.T  # noqa: E731
+    results = []
+    for chunk in (1000, 5):
+        h.grad = None
+        total, hits = _chunked_head_loss(lm_head, h, labels, w, autocast=False, chunk=chunk)
+        total.backward()
+        results.append((total.detach(), hits, h.grad.clone()))
+    (t1, k1, g1), (t2, k2, g2) = results
+    torch.testing.assert_close(t1, t2)
+    assert torch.equal(k1, k2) and k1.dtype == torch.bool and k1.shape == (23,)
+    torch.testing.assert_close(g1, g2)
+    ref = (torch.nn.functional.cross_entropy(h.detach() @ head.T, labels, reduction="none") * w).sum()
+    torch.testing.assert_close(t1, ref)

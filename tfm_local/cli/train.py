@@ -104,7 +104,8 @@ def _fit_options(args):
     return FitOptions(epochs=args.epochs, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
                       anchors=args.anchors, gamma=args.gamma, max_len=args.max_len, seed=args.seed,
-                      save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every)
+                      save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every,
+                      time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget)
 
 
 def cmd_fit(args) -> None:
@@ -227,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         key = name.replace("-", "_")
         p.add_argument(f"--{name}", type=typ, default=d[key], help=f"(default {d[key]})")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
+    p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
+                   help="end the fit (schedule included) within MIN minutes of wall clock")
     p.add_argument("--device", default="auto", help="cuda or cpu (default cuda when available)")
     p.add_argument("--restart", action="store_true", help="discard an existing checkpoint in --out")
     p.add_argument("--no-export", action="store_true", help="skip the export at the end")
@@ -267,6 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=150)
     p.set_defaults(func=cmd_smoke)
     return ap
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
 
 
 def _fit_defaults() -> dict:

@@ -26,7 +26,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .corpus import corpus_id, load_corpus, target_identity
 from .errors import TrainError
 from .model import DFlashDraft
-from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
+from .recipe import TIME_PROBE, FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
 
 CKPT = "checkpoint.pt"
 
@@ -45,7 +45,7 @@ def config_from_dict(d: dict) -> DFlashConfig:
 
 def _fixed(options: dict) -> dict:
     """The fit options a resumed run must keep (the others may change between runs)."""
-    return {k: v for k, v in options.items() if k not in ("save_every", "log_every", "max_steps")}
+    return {k: v for k, v in options.items() if k not in ("save_every", "log_every", "max_steps", "time_budget_s")}
 
 
 class _Run:
@@ -123,6 +123,25 @@ class _Run:
                 step += 1
 
 
+def _apply_budget(run: _Run, bar, done: int, t0: float, t_probe: float | None, budget: float) -> float | None:
+    """Shorten ``run.total`` so the fit ends ``budget`` s after ``t0``; returns the probe start time.
+
+    The step time is the mean over steps ``TIME_PROBE`` of this session; the
+    schedule is cut once, leaving a 3% margin. ``run.batches`` reads
+    ``run.total`` at every step, so the cut takes effect at once.
+    """
+    lo, hi = TIME_PROBE
+    if done == lo:
+        return time.time()
+    if done == hi and t_probe is not None:
+        dt = (time.time() - t_probe) / (hi - lo)
+        left = int((0.97 * budget - (time.time() - t0)) / dt)
+        run.total = max(run.step + 1, min(run.total, run.step + left))
+        bar.total = run.total
+        bar.refresh()
+    return t_probe
+
+
 def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike, opts: FitOptions,
         config: DFlashConfig | None = None, device: str = "cpu", progress: bool = True,
         restart: bool = False) -> Path:
@@ -150,8 +169,11 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
     bar = tqdm(total=run.total, initial=run.step, desc="fit", unit="step", disable=not progress)
     ema_loss = ema_tau = None
     t0, log = time.time(), open(out / "log.jsonl", "a", encoding="utf-8")
+    first, t_probe = run.step, None
     try:
         for step, batch in run.batches():
+            if opts.time_budget_s is not None:
+                t_probe = _apply_budget(run, bar, step - first, t0, t_probe, opts.time_budget_s)
             lr = opts.lr * lr_factor(step, run.total, opts.warmup, opts.min_lr / opts.lr if opts.lr else 0.0)
             for g in run.optim.param_groups:
                 g["lr"] = lr

@@ -39,6 +39,9 @@ class FitOptions:
         seed: batching and anchor seed. save_every: checkpoint period (steps).
         max_steps: stop after this many steps in total (None = all epochs).
         log_every: steps between log lines.
+        time_budget_s: wall-clock seconds for the whole fit (None = no
+            limit): after ``TIME_PROBE`` steps the step time is measured and
+            the schedule (warmup, cosine) is shortened to end within it.
     """
 
     epochs: int = 6
@@ -55,6 +58,10 @@ class FitOptions:
     save_every: int = 500
     max_steps: int | None = None
     log_every: int = 10
+    time_budget_s: float | None = None
+
+
+TIME_PROBE = (10, 40)  # steps (from the start of a session) between which the step time is measured
 
 
 def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:
@@ -104,11 +111,44 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
     with torch.autocast(device_type=batch.ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         h = drafter(feats, torch.arange(L, device=batch.ids.device), noise, batch.noise_pos, mask)
         sel = batch.labels != IGNORE
-        logits = target.lm_head(h[sel]).float()
+        hs = h[sel]
     labels = batch.labels[sel]
-    ce = F.cross_entropy(logits, labels, reduction="none")
     w = weights.repeat(A)[None, :].expand(B, -1)[sel]
-    loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
+    total, hits = _chunked_head_loss(target.lm_head, hs, labels, w, autocast)
+    loss = total / w.sum().clamp(min=1e-9)
     correct = torch.zeros(B, A * block, dtype=torch.bool, device=h.device)
-    correct[sel] = logits.argmax(-1) == labels
+    correct[sel] = hits
     return loss, correct.view(B, A, block)[:, :, 1:]
+
+
+HEAD_CHUNK = 8192  # rows of the LM head computed at once: bounds the [rows, n_vocab] logits in memory
+
+
+def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool):
+    with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = lm_head(h).float()
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    return (ce * w).sum(), logits.argmax(-1) == labels
+
+
+def _chunked_head_loss(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool,
+                       chunk: int = HEAD_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ w·CE(lm_head(h), labels) and top-1 hits, ``chunk`` rows at a time.
+
+    Each chunk runs under activation checkpointing, so the ``[rows, n_vocab]``
+    logits are never kept for the backward pass (they are recomputed): memory
+    is O(chunk · n_vocab) whatever the number of block positions.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    total = h.new_zeros((), dtype=torch.float32)
+    hits = []
+    for i in range(0, h.shape[0], chunk):
+        args = (h[i:i + chunk], labels[i:i + chunk], w[i:i + chunk])
+        if torch.is_grad_enabled() and h.requires_grad:
+            s, hit = checkpoint(_head_ce, lm_head, *args, autocast, use_reentrant=False)
+        else:
+            s, hit = _head_ce(lm_head, *args, autocast)
+        total = total + s
+        hits.append(hit)
+    return total, torch.cat(hits) if hits else labels.new_zeros(0, dtype=torch.bool)
