@@ -40,7 +40,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(models):
-    e = Engine(models["target"], models["drafter"], n_ctx=512)
+    e = Engine(models["target"], models["drafter"], n_ctx=512, budget=None)  # fixed: every step drafts
     yield e
     e.close()
 
@@ -143,7 +143,7 @@ def test_sampling_distribution_equals_plain(engine, plain):
 def test_many_generations_equal_fresh_engine(models, engine):
     outs = [engine.generate(p, max_tokens=32) for p in PROMPTS[:2]]
     for p, out in zip(PROMPTS[:2], outs):
-        fresh = Engine(models["target"], models["drafter"], n_ctx=512)
+        fresh = Engine(models["target"], models["drafter"], n_ctx=512, budget=None)
         try:
             assert fresh.generate(p, max_tokens=32) == out
         finally:
@@ -158,7 +158,7 @@ def test_drafter_kv_matches_fresh_injection(models, engine):
     pos = engine.target.n_past
     inc = np.array(engine.drafter.marginals(out[-1], pos, 8))
     full = ids + out[:-1]
-    fresh = Engine(models["target"], models["drafter"], n_ctx=512)
+    fresh = Engine(models["target"], models["drafter"], n_ctx=512, budget=None)
     try:
         fresh.target.prefill(full)
         fresh.drafter.reset()
@@ -172,7 +172,7 @@ def test_drafter_kv_matches_fresh_injection(models, engine):
 
 def test_q8_0_kv_cache_speculative_equals_plain(models):
     # the tiny drafter's head size (16) cannot hold q8_0 blocks; the real-target test runs both in q8_0
-    spec = Engine(models["wide"], models["wide_drafter"], n_ctx=256, kv_type="q8_0")
+    spec = Engine(models["wide"], models["wide_drafter"], n_ctx=256, kv_type="q8_0", budget=None)
     base = Engine(models["wide"], None, n_ctx=256, kv_type="q8_0")
     try:
         assert spec.generate(PROMPTS[1], max_tokens=32) == base.generate(PROMPTS[1], max_tokens=32)
@@ -198,7 +198,7 @@ def test_stop_strings_and_streaming(plain):
 
 
 def test_prompt_over_context_rejected_before_work(models):
-    e = Engine(models["target"], models["drafter"], n_ctx=64)
+    e = Engine(models["target"], models["drafter"], n_ctx=64, budget=None)
     try:
         with pytest.raises(ContextOverflowError, match="context"):
             e.generate("word " * 200, max_tokens=4)
@@ -230,7 +230,7 @@ def test_bad_arguments(engine):
 
 
 def test_closed_engine_and_tiny_contexts(models):
-    e = Engine(models["target"], models["drafter"], n_ctx=32)
+    e = Engine(models["target"], models["drafter"], n_ctx=32, budget=None)
     out = e.generate(PROMPTS[2], max_tokens=100)  # runs to the context limit without error
     assert e.target.n_past <= 32
     e.close()

@@ -29,7 +29,7 @@ SETS = ("humaneval", "gsm8k", "mtbench")
 
 @pytest.fixture(scope="module")
 def engines():
-    spec = Engine(n_ctx=2048)  # default target, default drafter
+    spec = Engine(n_ctx=2048, budget=None)  # default target, default drafter, every step drafts
     plain = Engine(spec.target.model.path, None, n_ctx=2048)
     yield spec, plain
     spec.close()
@@ -94,7 +94,8 @@ def test_long_outputs_speculative_equals_plain(engines, prompt):
 
 def test_q8_0_kv_caches_speculative_equals_plain(engines):
     _, plain = engines
-    spec = Engine(plain.target.model.path, "auto", n_ctx=1024, kv_type="q8_0", drafter_kv_type="q8_0")
+    spec = Engine(plain.target.model.path, "auto", n_ctx=1024, kv_type="q8_0", drafter_kv_type="q8_0",
+                  budget=None)
     base = Engine(plain.target.model.path, None, n_ctx=1024, kv_type="q8_0")
     try:
         p = load_prompt_set("gsm8k", 1)[0]

@@ -16,12 +16,13 @@ from typing import Iterator
 import numpy as np
 
 from .accept import walk_tree
+from .budget import AutoBudget, gain_curve
 from .drafter import DFlashDrafter
 from .sampling import SamplingParams, TokenChooser
 from .stats import GenerationStats
 from .stops import StopMatcher
 from .target import Target
-from .tree import BUILDERS, Tree, build_wide
+from .tree import BUILDERS, Tree, build_chain, build_wide
 from .tokenizer import StreamDecoder, render_chat
 
 
@@ -46,7 +47,9 @@ class Engine:
         target: model spec of the target (path, ``hf://owner/repo/file.gguf`` or a built-in name).
         drafter: drafter spec, ``"auto"`` (the default drafter for the target) or None (plain decoding).
         n_ctx: context length in tokens.
-        budget: draft tokens verified per step (default block size - 1; 0 = plain decoding).
+        budget: draft tokens verified per step: ``"auto"`` (default; chosen per step from measured
+            pass costs and acceptance, plain decoding when speculation does not pay; budget.py),
+            an int (0 = plain decoding), or None (block size - 1 for the chain, 63 for trees).
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
         tree: "chain" (the DFlash chain), "ddtree" (best-first tree) or "wide" (w-wide heap);
@@ -58,7 +61,7 @@ class Engine:
     """
 
     def __init__(self, target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
-                 n_ctx: int = 4096, budget: int | None = None, kv_type: str = "f16",
+                 n_ctx: int = 4096, budget: int | str | None = "auto", kv_type: str = "f16",
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
                  tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4):
         from .drafters import resolve_drafter
@@ -79,17 +82,27 @@ class Engine:
                              f"(got {tree_width}, {tree_top_k})")
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.budget = 0
+        self.auto: AutoBudget | None = None  # the chooser while budget="auto"
+        self._auto_state = AutoBudget()      # its measurements, kept across set_budget calls
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
 
     # -- public API ----------------------------------------------------------------------
-    def set_budget(self, budget: int | None) -> None:
+    def set_budget(self, budget: int | str | None) -> None:
         """Draft tokens verified per step: None = the default (block size - 1 for the chain,
-        DEFAULT_TREE_BUDGET nodes for trees), 0 = plain decoding (drafter idle).
+        DEFAULT_TREE_BUDGET nodes for trees), 0 = plain decoding (drafter idle), ``"auto"`` =
+        chosen per step up to the default (``AutoBudget``; its measurements are kept).
 
-        Raises ValueError for a negative budget.
+        Raises ValueError for a negative budget or an unknown string.
         """
+        if isinstance(budget, str):
+            if budget != "auto":
+                raise ValueError(f"budget must be an integer >= 0, None or 'auto', got {budget!r}")
+            self.set_budget(None)
+            self.auto = self._auto_state if self.drafter is not None else None
+            return
+        self.auto = None
         if self.drafter is None:
             max_budget = 0
         elif self.tree_mode == "chain":
@@ -189,19 +202,19 @@ class Engine:
         """One draft → verify → accept → commit step; returns the tokens it emits."""
         tgt, dft = self.target, self.active_drafter
         pos = tgt.n_past
-        k = min(self.budget, remaining - 1, tgt.n_ctx - pos - 1)
+        k_max = min(self.budget, remaining - 1, tgt.n_ctx - pos - 1, tgt.n_batch - 1)
+        auto = self.auto if dft is not None else None
+        k = auto.choose(k_max) if auto is not None else k_max
         t0 = time.perf_counter()
-        if self.tree_mode != "chain" and dft is not None and k > 0:
-            tree = self._draft_tree(dft, last, pos, tgt.n_ctx - pos - 1)
-            t1 = time.perf_counter()
+        tree, curve = self._draft(dft, last, pos, k, k_max, auto is not None) if dft is not None and k > 0 else (None, None)
+        t1 = time.perf_counter()
+        if tree is not None and self.tree_mode != "chain":
             logits = tgt.verify_tree(tree.tokens, tree.depth, tree.parents)
             walk = walk_tree(tree.parents, tree.tokens, lambda node: choose(logits[node]), max_tokens=remaining)
             tgt.commit_tree(walk.path)
             n_nodes, rows = len(tree), tgt.tree_rows(walk.path)
         else:
-            drafts = dft.draft_chain(last, pos, k) if dft is not None and k > 0 else []
-            t1 = time.perf_counter()
-            tokens = np.asarray([last] + drafts)
+            tokens = tree.tokens if tree is not None else np.asarray([last])
             logits = tgt.verify(tokens)
             walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, lambda node: choose(logits[node]),
                              max_tokens=remaining)
@@ -210,24 +223,42 @@ class Engine:
         t2 = time.perf_counter()
         if dft is not None:
             dft.inject(tgt.features(rows, n_nodes), pos)
-        st.t_draft += t1 - t0 + time.perf_counter() - t2
+        t3 = time.perf_counter()
+        st.t_draft += t1 - t0 + t3 - t2
         st.t_verify += t2 - t1
         st.n_steps += 1
         st.n_step_tokens += len(walk.tokens)
         st.n_drafted += n_nodes - 1
+        st.n_spec_steps += tree is not None
+        if auto is not None and tree is None:
+            auto.observe_plain(t2 - t1)
+        elif auto is not None:
+            auto.observe_spec(n_nodes, t2 - t1, t1 - t0 + t3 - t2, curve, k, len(walk.tokens) - 1)
         return walk.tokens
 
-    def _draft_tree(self, dft: DFlashDrafter, last: int, pos: int, room: int) -> Tree:
-        """Top-K marginals of one drafter pass → a tree of ``budget`` nodes (DDTree or w-wide).
+    def _draft(self, dft: DFlashDrafter, last: int, pos: int, k: int, k_plan: int,
+               with_curve: bool) -> tuple[Tree, np.ndarray | None]:
+        """One drafter pass → the draft of ``k`` tokens (chain, DDTree or w-wide tree).
 
-        Every node takes a KV cell, so the node count is bounded by the room left in the context.
+        ``with_curve`` (auto budget): the tree is first built for ``k_plan`` ≥ k
+        nodes to get the gain curve ``[k_plan]`` (budget.gain_curve), then cut
+        to its first ``k`` nodes; otherwise the curve is None. The caller bounds
+        ``k_plan`` by the room in the context (every node takes a KV cell).
         """
-        depth = min(dft.block_size - 1, room)
-        budget = min(self.budget, room, self.target.n_batch - 1)
-        cand, logp = top_k_logprobs(dft.marginals(last, pos, depth), self.tree_top_k)
+        k_plan = k_plan if with_curve else k
+        depth = min(dft.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
+        if self.tree_mode == "chain" and not with_curve:
+            drafts = np.asarray(dft.draft_chain(last, pos, k), dtype=np.int64)
+            return build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k), None
+        marg = dft.marginals(last, pos, depth)
+        cand, logp = top_k_logprobs(marg, 1 if self.tree_mode == "chain" else self.tree_top_k)
         if self.tree_mode == "wide":
-            return build_wide(last, cand, logp, budget, width=self.tree_width)
-        return BUILDERS[self.tree_mode](last, cand, logp, budget)
+            tree = build_wide(last, cand, logp, k_plan, width=self.tree_width)
+        else:
+            tree = (build_chain if self.tree_mode == "chain" else BUILDERS[self.tree_mode])(last, cand, logp, k_plan)
+        if not with_curve:
+            return tree, None
+        return tree.truncate(k), gain_curve(tree.logp[1:], k_plan)
 
     def close(self) -> None:
         """Free both models and contexts; later calls raise RuntimeError (idempotent)."""

@@ -18,6 +18,7 @@ class GenerationStats:
     n_steps: int = 0           # target verification passes after the prefill
     n_step_tokens: int = 0     # tokens emitted by those passes
     n_drafted: int = 0         # draft tokens submitted for verification
+    n_spec_steps: int = 0      # passes that verified a draft (the others were plain decoding steps)
     t_prefill: float = 0.0
     t_draft: float = 0.0
     t_verify: float = 0.0

@@ -12,6 +12,19 @@ def fail(msg: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def budget_arg(text: str) -> int | str:
+    """``--budget`` value: 'auto' or an integer >= 0."""
+    if text == "auto":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"budget must be >= 0, got {v}")
+    return v
+
+
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
     """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads."""
     ap.add_argument("--target", default=None,
@@ -20,8 +33,9 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
                     "'auto' = the default drafter of the target")
     ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
-    ap.add_argument("--budget", type=int, default=None,
-                    help="draft tokens verified per step (default: block size - 1 for the chain, 63 for trees)")
+    ap.add_argument("--budget", type=budget_arg, default="auto",
+                    help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
+                         "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
     ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide"],
                     help="draft shape: the DFlash chain, a DDTree best-first tree, or a w-wide heap tree")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
@@ -51,7 +65,7 @@ def engine_from_args(args: argparse.Namespace):
     from ..models import ModelError
 
     try:
-        budget = args.budget if args.budget is not None or args.tree == "chain" else 63
+        budget = args.budget
         return Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
                       n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
                       drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,

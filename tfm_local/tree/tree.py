@@ -45,3 +45,11 @@ class Tree:
             out.append(node)
             node = int(self.parents[node])
         return out[::-1]
+
+    def truncate(self, n_drafted: int) -> "Tree":
+        """The root and the first ``n_drafted`` drafted nodes (a valid tree: parents precede children).
+
+        For a best-first (DDTree) tree this is the best-first tree of that budget.
+        """
+        n = min(len(self), n_drafted + 1)
+        return Tree(self.parents[:n].copy(), self.tokens[:n].copy(), self.depth[:n].copy(), self.logp[:n].copy())

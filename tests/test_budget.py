@@ -1,0 +1,185 @@
+"""The automatic draft budget: cost model, gain curve, choice, probing, and the engine in auto mode."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tfm_local.budget import AutoBudget, PassCosts, best_budget, gain_curve
+
+
+class LinearCosts(PassCosts):
+    """A stated cost model c(n) = a + b·n (seconds) that ignores measurements (a test double)."""
+
+    def __init__(self, a: float, b: float):
+        super().__init__()
+        self.a, self.b = a, b
+
+    def record(self, n, seconds):
+        pass
+
+    def known(self, n):
+        return True
+
+    def estimate(self, n):
+        out = self.a + self.b * np.asarray(n, dtype=np.float64)
+        return float(out) if np.ndim(out) == 0 else out
+
+
+def test_pass_costs_interpolate_and_extrapolate():
+    c = PassCosts(alpha=0.5)
+    assert c.estimate(4) is None
+    c.record(1, 0.10)
+    assert c.estimate(1) == pytest.approx(0.10) and c.estimate(64) == pytest.approx(0.10)
+    c.record(5, 0.30)
+    assert c.estimate(3) == pytest.approx(0.20)
+    assert c.estimate(9) == pytest.approx(0.50)  # slope of the last segment
+    c.record(5, 0.50)  # running mean: 0.5·0.30 + 0.5·0.50
+    assert c.estimate(5) == pytest.approx(0.40)
+    np.testing.assert_allclose(c.estimate(np.array([1, 3])), [0.10, 0.25])
+    c.record(0, 1.0)
+    c.record(2, -1.0)
+    assert not c.known(0) and not c.known(2)
+
+
+def test_pass_costs_never_extrapolate_downwards():
+    c = PassCosts()
+    c.record(1, 0.2)
+    c.record(8, 0.1)  # noise: a larger pass measured faster
+    assert c.estimate(64) == pytest.approx(0.1)
+
+
+def test_gain_curve_is_prefix_sums_of_path_probabilities():
+    lp = np.log([0.9, 0.5, 0.3])
+    np.testing.assert_allclose(gain_curve(lp, 5), [0.9, 1.4, 1.7, 1.7, 1.7])
+    np.testing.assert_allclose(gain_curve(lp, 2), [0.9, 1.4])
+    np.testing.assert_allclose(gain_curve(np.zeros(0), 2), [0.0, 0.0])
+
+
+def test_best_budget_cpu_like_costs_choose_plain_gpu_like_choose_a_tree():
+    curve = gain_curve(np.log(np.linspace(0.6, 0.05, 63)), 63)  # about 20 accepted at most
+    cpu = LinearCosts(0.035, 0.06)   # a pass costs ~60 ms per token: verification is compute-bound
+    gpu = LinearCosts(0.004, 0.00002)
+    assert best_budget(cpu, 0.03, curve * 0.05, 1.0, 63) == 0
+    b = best_budget(gpu, 0.001, curve, 1.0, 63)
+    assert b > 32
+    assert best_budget(cpu, 0.03, curve * 0.05, 1.0, 63, speculative_only=True) >= 1
+    assert best_budget(gpu, 0.001, curve, 1.0, 0) == 0
+
+
+def test_best_budget_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        curve = np.cumsum(rng.uniform(0, 1, 20) ** 3)
+        costs, d, r = LinearCosts(rng.uniform(0.01, 0.1), rng.uniform(0, 0.02)), rng.uniform(0, 0.05), 0.7
+        rates = [1 / costs.estimate(1) * 1.03] + [(1 + r * curve[b - 1]) / (costs.estimate(b + 1) + d)
+                                                  for b in range(1, 21)]
+        want = int(np.argmax(rates))
+        assert best_budget(costs, d, curve, r, 20) == want
+
+
+def test_auto_budget_first_plain_then_probe_then_backs_off():
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06))
+    auto.costs.known = lambda n: False
+    assert auto.choose(15) == 0  # nothing measured: a plain step first
+    auto.costs.known = lambda n: True
+    assert auto.choose(15) == 4  # first probe
+    weak = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
+    auto.observe_spec(5, 0.35, 0.03, weak, 4, 0)
+    gaps, since = [], 0
+    for _ in range(1000):
+        b = auto.choose(15)
+        since += 1
+        if b:
+            gaps.append(since)
+            since = 0
+            auto.observe_spec(b + 1, 0.1, 0.03, weak, b, 0)
+    assert gaps[:4] == [9, 17, 33, 65]  # plain steps between probes double (8, 16, 32, 64) ...
+    assert max(gaps) == 257 and gaps[-2:] == [257, 257]  # ... up to 256
+
+
+def test_auto_budget_goes_speculative_when_it_pays_and_calibrates():
+    auto = AutoBudget(costs=LinearCosts(0.004, 0.00002))
+    strong = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
+    auto.observe_spec(16, 0.005, 0.001, strong, 15, 3)
+    assert auto.ratio == pytest.approx(3 / strong[14])
+    assert auto.choose(15) == 15
+    assert auto.choose(7) == 7
+
+
+# -- the engine in auto mode ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tfm_convert.pipeline import init_random
+    from synth import write_tiny_target
+
+    d = tmp_path_factory.mktemp("auto")
+    target = write_tiny_target(d / "target.gguf", n_layer=4, n_embd=64, seed=3)
+    drafter, _ = init_random(target, d / "drafter.gguf", layers=1, seed=4)
+    return target, drafter
+
+
+PROMPT = [{"role": "user", "content": "def hello(): return the answer"}]
+
+
+class ScriptMarginals:
+    """Wraps a drafter: runs its real pass, then returns marginals that put the script's next tokens on top."""
+
+    def __init__(self, inner, prompt_len: int, script: list[int]):
+        self.inner, self.prompt_len, self.script = inner, prompt_len, script
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def marginals(self, last_token, pos, n_draft):
+        m = np.array(self.inner.marginals(last_token, pos, n_draft), dtype=np.float32)
+        m[:] = 0.0
+        for i in range(n_draft):
+            j = pos - self.prompt_len + 1 + i
+            m[i, self.script[j] if 0 <= j < len(self.script) else 0] = 12.0
+        return m
+
+
+@pytest.mark.parametrize("tree", ["chain", "ddtree"])
+def test_engine_auto_lossless_and_follows_the_cost_model(pair, tree):
+    from tfm_local.engine import Engine
+
+    target, drafter = pair
+    with Engine(target, None, n_ctx=512) as plain, Engine(target, drafter, n_ctx=512, tree=tree) as e:
+        ids = plain.prompt_tokens(PROMPT)
+        ref = list(plain.generate_ids(ids, 60, plain_sp()))
+        assert e.auto is not None
+        e.auto.costs = LinearCosts(0.035, 0.06)  # CPU-like: the random drafter never pays
+        assert list(e.generate_ids(ids, 60, plain_sp())) == ref
+        assert e.stats.n_spec_steps <= 3 and e.stats.n_steps >= 50
+        real = e.drafter
+        e.drafter = ScriptMarginals(real, len(ids), ref)
+        try:
+            e.auto.costs = LinearCosts(0.004, 0.00002)  # GPU-like, and drafts that are always right
+            e.auto.accepted = e.auto.predicted = 0.0
+            assert list(e.generate_ids(ids, 60, plain_sp())) == ref
+        finally:
+            e.drafter = real
+        assert e.stats.n_spec_steps >= e.stats.n_steps - 3 and e.stats.tau > 4
+
+
+def plain_sp():
+    from tfm_local.sampling import SamplingParams
+
+    return SamplingParams()
+
+
+def test_set_budget_auto_keeps_measurements_and_rejects_other_strings(pair):
+    from tfm_local.engine import Engine
+
+    target, drafter = pair
+    with Engine(target, drafter, n_ctx=128) as e:
+        state = e.auto
+        e.set_budget(0)
+        assert e.auto is None and e.active_drafter is None
+        e.set_budget("auto")
+        assert e.auto is state and e.budget == e.drafter.block_size - 1
+        with pytest.raises(ValueError, match="auto"):
+            e.set_budget("fast")
+    with Engine(target, None, n_ctx=128) as p:
+        assert p.auto is None and p.budget == 0
