@@ -1,7 +1,8 @@
 """Tiny synthetic GGUF models for fast unit tests.
 
-``write_tiny_target`` writes a random-weight decoder (arch ``qwen2`` or
-``llama``) that llama.cpp loads and runs in milliseconds, with a small
+``write_tiny_target`` writes a random-weight decoder (arch ``qwen2``,
+``llama`` or ``gemma3``, the last with a few-token sliding window on some
+layers) that llama.cpp loads and runs in milliseconds, with a small
 byte-level BPE tokenizer built here: the 256 byte tokens, merges learned
 from a short built-in text, the ChatML special tokens and a few unused
 padding ids at the end of the vocabulary (token type UNUSED, the way
@@ -48,7 +49,13 @@ _TOKEN_NORMAL = int(gguf.TokenType.NORMAL)
 _TOKEN_CONTROL = int(gguf.TokenType.CONTROL)
 _TOKEN_UNUSED = int(gguf.TokenType.UNUSED)
 
-_SUPPORTED_ARCHS = ("qwen2", "llama")
+_SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3")
+
+#: gemma3 scales the input embedding by sqrt(n_embd) and RMS-normalises every sub-layer output
+#: (post-attention / post-FFN norms), so with unit norm weights the tied embedding of the current
+#: token dominates the residual and the model mostly predicts that same token again. Post-norm
+#: weights of about this size let the layers dominate, like the other synthetic archs.
+GEMMA3_POST_NORM_GAIN = 8.0
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -189,7 +196,8 @@ class TinyVocab:
 
 
 def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
-                n_head_kv: int, n_ff: int, n_ctx_train: int, n_vocab: int) -> None:
+                n_head_kv: int, n_ff: int, n_ctx_train: int, n_vocab: int, n_swa: int = 0,
+                swa_pattern: int = 0) -> None:
     """Add the model hyper-parameters (``{arch}.*`` keys) to ``writer``."""
     writer.add_name(f"tfm-tiny-{arch}")
     writer.add_context_length(n_ctx_train)
@@ -198,12 +206,31 @@ def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_freq_base(1_000_000.0 if arch == "qwen2" else 10_000.0)
+    writer.add_rope_freq_base(10_000.0 if arch == "llama" else 1_000_000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     if arch == "llama":
         writer.add_vocab_size(n_vocab)
         writer.add_rope_dimension_count(n_embd // n_head)
+    if arch == "gemma3":
+        _gemma3_hparams_to(writer, head_dim=n_embd // n_head, n_swa=n_swa, swa_pattern=swa_pattern)
+
+
+def _gemma3_hparams_to(writer: gguf.GGUFWriter, *, head_dim: int, n_swa: int, swa_pattern: int) -> None:
+    """The gemma3 keys: head size, sliding window and its layer pattern, local rope base.
+
+    llama.cpp's gemma3 loader makes layer ``il`` a sliding-window layer when
+    ``il % swa_pattern < swa_pattern - 1`` (so pattern 3 on 3 layers: 0 and 1
+    windowed, 2 global; pattern 0: every layer windowed); a window of
+    ``n_swa`` lets a token at position p see positions p - n_swa + 1 .. p.
+    ``n_swa = 0`` writes no window (all layers global).
+    """
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if n_swa > 0:
+        writer.add_sliding_window(n_swa)
+        writer.add_sliding_window_pattern(swa_pattern)
+        writer.add_rope_freq_base_swa(10_000.0)
 
 
 def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_embd: int,
@@ -219,7 +246,8 @@ def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_
     Returns:
         dict GGUF tensor name → array; e.g. ``blk.0.attn_q.weight`` is
         (n_embd, n_embd), ``blk.0.attn_k.weight`` (n_head_kv·head_dim, n_embd),
-        ``blk.0.ffn_down.weight`` (n_embd, n_ff); qwen2 adds q/k/v biases.
+        ``blk.0.ffn_down.weight`` (n_embd, n_ff); qwen2 adds q/k/v biases,
+        gemma3 per-head q/k norms and post-attention / post-FFN norms.
     """
     head_dim = n_embd // n_head
     n_kv = n_head_kv * head_dim
@@ -249,34 +277,47 @@ def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_
         t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
+        if arch == "gemma3":
+            t[p + "attn_q_norm.weight"] = norm(head_dim)
+            t[p + "attn_k_norm.weight"] = norm(head_dim)
+            t[p + "post_attention_norm.weight"] = GEMMA3_POST_NORM_GAIN * norm(n_embd)
+            t[p + "post_ffw_norm.weight"] = GEMMA3_POST_NORM_GAIN * norm(n_embd)
     return t
 
 
 def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2, n_embd: int = 64,
                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048,
-                      seed: int = 0, n_vocab: int | None = None) -> Path:
+                      seed: int = 0, n_vocab: int | None = None, n_swa: int = 4,
+                      swa_pattern: int = 3) -> Path:
     """Write a random-weight target GGUF that llama.cpp loads and runs.
 
     Args:
         path: output file (overwritten).
-        arch: "qwen2" (q/k/v biases, NeoX rope) or "llama".
+        arch: "qwen2" (q/k/v biases, NeoX rope), "llama" or "gemma3" (q/k
+            norms, sandwich norms, GELU FFN, sliding window on some layers).
         n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train: model sizes;
             n_embd must be divisible by n_head, n_head by n_head_kv.
         seed: RNG seed; equal arguments give a byte-identical file.
         n_vocab: vocabulary size, padding included (default: see TinyVocab,
             320 with the built-in merges).
+        n_swa, swa_pattern: gemma3 only: sliding window in tokens (0 = none)
+            and its layer pattern (every swa_pattern-th layer is global, 0 =
+            none is; see ``_gemma3_hparams_to``).
 
     Returns:
         the path written, as a Path. All tensors are F32, embeddings tied
         (no ``output.weight``, like Qwen2.5 0.5B/1.5B).
 
     Raises:
-        ValueError: unsupported arch or inconsistent head counts.
+        ValueError: unsupported arch, inconsistent head counts or a
+            negative window.
     """
     if arch not in _SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {_SUPPORTED_ARCHS}, got {arch!r}")
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be divisible by n_head and n_head by n_head_kv")
+    if n_swa < 0 or swa_pattern < 0:
+        raise ValueError("n_swa and swa_pattern must be >= 0")
     path = Path(path)
     vocab = TinyVocab(n_vocab=n_vocab)
     rng = np.random.default_rng(seed)
@@ -284,7 +325,8 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
                                   n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=vocab.n_vocab)
     writer = gguf.GGUFWriter(str(path), arch)
     _hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                n_ff=n_ff, n_ctx_train=n_ctx_train, n_vocab=vocab.n_vocab)
+                n_ff=n_ff, n_ctx_train=n_ctx_train, n_vocab=vocab.n_vocab, n_swa=n_swa,
+                swa_pattern=swa_pattern)
     vocab.write_to(writer)
     for name, array in tensors.items():
         writer.add_tensor(name, array)

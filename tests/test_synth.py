@@ -64,7 +64,7 @@ def lc():
     return pytest.importorskip("llama_cpp")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
 def test_loads_runs_and_logits_are_spread(tmp_path, lc, arch):
     path = synth.write_tiny_target(tmp_path / f"{arch}.gguf", arch=arch, n_layer=3, seed=1)
     model = synth.load_model(path)
@@ -88,6 +88,25 @@ def test_loads_runs_and_logits_are_spread(tmp_path, lc, arch):
     finally:
         lc.llama_free(ctx)
         lc.llama_model_free(model)
+
+
+def test_gemma3_sliding_window_is_active(tmp_path, lc):
+    """Same weights, a 4-token window vs one longer than the text: equal logits in the first window only."""
+    text = "the quick brown fox jumps over the lazy dog"
+    out = {}
+    for n_swa in (4, 4096):  # a window longer than the text never binds
+        model = synth.load_model(synth.write_tiny_target(tmp_path / f"g{n_swa}.gguf", arch="gemma3", n_layer=3,
+                                                         seed=2, n_swa=n_swa, swa_pattern=3))
+        ctx = synth.new_context(model)
+        try:
+            out[n_swa] = synth.decode_tokens(ctx, synth.tokenize(model, text))
+        finally:
+            lc.llama_free(ctx)
+            lc.llama_model_free(model)
+    diff = np.abs(out[4] - out[4096]).max(axis=1)
+    assert len(diff) > 8
+    assert (diff[:4] < 1e-3).all()
+    assert (diff[4:] > 0.05).all()
 
 
 def test_logits_depend_on_context(tmp_path, lc):
