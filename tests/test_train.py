@@ -369,19 +369,133 @@ def test_time_budget_shortens_the_schedule(smoke, tmp_path, monkeypatch):
     from tfm_local.train.fit import drafter_config, fit
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
-    clock = [1000.0]
-    real = fit_mod.block_loss
-
-    def one_second_per_step(*a, **k):
-        clock[0] += 1.0
-        return real(*a, **k)
-
-    monkeypatch.setattr(fit_mod, "block_loss", one_second_per_step)
-    monkeypatch.setattr(fit_mod.time, "time", lambda: clock[0])
+    _fake_clock(monkeypatch, fit_mod, lambda n: 1.0)
     opts = FitOptions(**{**_opts(None).__dict__, "epochs": 400, "time_budget_s": 60.0})
     fit(corpus, target, tmp_path / "r", opts, drafter_config(target, 1, 32), progress=False)
     step = load_checkpoint(tmp_path / "r" / "checkpoint.pt")["step"]
     assert 55 <= step <= 59, step
+
+
+def _fake_clock(monkeypatch, fit_mod, seconds_per_step):
+    """Make ``time.time`` a clock that advances only inside ``block_loss``, by ``seconds_per_step(n)`` at call n."""
+    clock, calls = [1000.0], [0]
+    real = fit_mod.block_loss
+
+    def timed(*a, **k):
+        clock[0] += seconds_per_step(calls[0])
+        calls[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(fit_mod, "block_loss", timed)
+    monkeypatch.setattr(fit_mod.time, "time", lambda: clock[0])
+    return clock
+
+
+def test_time_budget_follows_a_step_time_that_changes(smoke, tmp_path, monkeypatch):
+    """Slow first steps (3 s for 60 steps, then 1 s): the re-fitted schedule still ends close to the budget.
+
+    A single estimate from the first steps would stop after ~130 steps (62% of the budget).
+    """
+    from tfm_local.train import fit as fit_mod
+    from tfm_local.train.fit import drafter_config, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    _fake_clock(monkeypatch, fit_mod, lambda n: 3.0 if n < 60 else 1.0)
+    opts = FitOptions(**{**_opts(None).__dict__, "epochs": 400, "save_every": 1000, "log_every": 10,
+                         "time_budget_s": 400.0})
+    fit(corpus, target, tmp_path / "r", opts, drafter_config(target, 1, 32), progress=False)
+    step = load_checkpoint(tmp_path / "r" / "checkpoint.pt")["step"]
+    used = 60 * 3.0 + (step - 60) * 1.0
+    assert 0.93 * 400 <= used <= 0.97 * 400, (step, used)
+    log = [json.loads(x) for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == log[-1]["total"] == step
+
+
+def _source_tensors(path):
+    """The drafter tensors of a z-lab folder or a checkpoint, float32 torch."""
+    from tfm_convert.zlab import index_tensors
+
+    from tfm_local.train.warmstart import load_init_source
+
+    if path.is_dir():
+        return {k: torch.from_numpy(t.load()) for k, t in index_tensors(path).items()}
+    return load_init_source(path).state
+
+
+def test_init_from_starts_with_the_source_weights(smoke, tmp_path):
+    """F32 and BF16 z-lab folders and a checkpoint: step-0 weights equal the source's; path and sha256 recorded."""
+    import hashlib
+
+    from tfm_convert.zlab import read_config, write_checkpoint
+    from tfm_local.train.fit import fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    hf = smoke.paths["hf"]
+    bf16 = write_checkpoint(tmp_path / "bf16", read_config(hf),
+                            {k: v.numpy() for k, v in _source_tensors(hf).items()}, "BF16")
+    for i, (src, weights) in enumerate([(hf, hf / "model.safetensors"), (bf16, bf16 / "model.safetensors"),
+                                        (smoke.paths["checkpoint"], smoke.paths["checkpoint"])]):
+        out = tmp_path / f"run{i}"
+        fit(corpus, target, out, _opts(0), None, progress=False, init_from=src)
+        ck = load_checkpoint(out / "checkpoint.pt")
+        want = _source_tensors(src)
+        assert ck["step"] == 0 and sorted(ck["model"]) == sorted(want)
+        for k in want:
+            assert torch.equal(ck["model"][k], want[k]), k
+        sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+        assert ck["init_from"]["sha256"] == sha and ck["init_from"]["path"] == str(src.resolve())
+        first = json.loads((out / "log.jsonl").read_text().splitlines()[0])
+        assert first["init_from"] == ck["init_from"]
+
+
+def test_init_from_lowers_the_first_loss_and_resumes(smoke, tmp_path):
+    """Step 1 from the trained smoke drafter has a lower loss than from a fresh init of the same shape;
+    --init-from given again on resume is ignored (even a path that no longer exists) and is no changed option."""
+    from tfm_local.train.fit import config_from_dict, fit
+    from tfm_local.train.warmstart import ShapeRequest
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    config = config_from_dict(load_checkpoint(smoke.paths["checkpoint"])["config"])
+    fit(corpus, target, tmp_path / "fresh", _opts(1), config, progress=False)
+    fit(corpus, target, tmp_path / "warm", _opts(1), None, progress=False, init_from=smoke.paths["hf"])
+    loss = {}
+    for name in ("fresh", "warm"):
+        lines = [json.loads(x) for x in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        loss[name] = [x for x in lines if x.get("step") == 1][0]["loss"]
+    assert loss["warm"] < 0.8 * loss["fresh"], loss
+    record = load_checkpoint(tmp_path / "warm" / "checkpoint.pt")["init_from"]
+    fit(corpus, target, tmp_path / "warm", _opts(3), None, progress=False, init_from=tmp_path / "gone",
+        shape=ShapeRequest(layers=config.num_hidden_layers))
+    ck = load_checkpoint(tmp_path / "warm" / "checkpoint.pt")
+    assert ck["step"] == 3 and ck["init_from"] == record
+    with pytest.raises(TrainError, match="another shape"):
+        fit(corpus, target, tmp_path / "warm", _opts(4), None, progress=False, init_from=smoke.paths["hf"],
+            shape=ShapeRequest(ffn=config.intermediate_size + 1))
+    with pytest.raises(TrainError, match="another shape.*--layers 2"):
+        fit(corpus, target, tmp_path / "new", _opts(1), None, progress=False, init_from=smoke.paths["hf"],
+            shape=ShapeRequest(layers=2))
+    with pytest.raises(FileNotFoundError):
+        fit(corpus, target, tmp_path / "new", _opts(1), None, progress=False, init_from=tmp_path / "gone")
+
+
+def test_init_from_refuses_a_drafter_of_another_target(smoke, tmp_path):
+    from tfm_local.train.warmstart import load_init_source
+
+    other = synth.write_tiny_target(tmp_path / "wide.gguf", n_embd=96, n_head=4, n_head_kv=2)
+    with pytest.raises(TrainError, match="hidden size"):
+        load_init_source(smoke.paths["hf"], other)
+    assert load_init_source(smoke.paths["hf"], smoke.paths["target"]).config.num_hidden_layers == 1
+
+
+def test_cli_init_from_with_another_layer_count_is_a_clear_error(smoke, tmp_path, capsys):
+    from tfm_local.cli.train import main
+
+    corpus = str(smoke.paths["checkpoint"].parents[1] / "corpus")
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--corpus", corpus, "--target", str(smoke.paths["target"]), "--out", str(tmp_path / "run"),
+              "--init-from", str(smoke.paths["hf"]), "--layers", "3", "--device", "cpu", "--no-export"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--layers 3 (drafter: 1)" in err and "Traceback" not in err
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):

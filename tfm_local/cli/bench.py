@@ -96,13 +96,21 @@ def main(argv=None) -> None:
     engine.close()
 
 
-def print_table(table: list[dict]) -> None:
+def add_speedups(table: list[dict]) -> None:
+    """Set each row's ``speedup``: its tokens/s over plain decoding's on the same set, None without a plain row."""
     base = {r["set"]: r["tokens_per_s"] for r in table if r["mode"] == "plain"}
+    for r in table:
+        r["speedup"] = r["tokens_per_s"] / base[r["set"]] if base.get(r["set"]) else None
+
+
+def print_table(table: list[dict]) -> None:
+    """Print the summary table (after ``add_speedups``, so the JSON gets them too); speed-up ``-`` without plain."""
+    add_speedups(table)
     print(f"{'set':<10} {'mode':<7} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} {'speedup':>8}")
     for r in table:
-        sp = r["tokens_per_s"] / base[r["set"]] if base.get(r["set"]) else float("nan")
+        sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         print(f"{r['set']:<10} {r['mode']:<7} {r['n_prompts']:>7} {r['n_generated']:>7} {r['tau']:>6.2f} "
-              f"{r['tokens_per_s']:>7.1f} {sp:>7.2f}x")
+              f"{r['tokens_per_s']:>7.1f} {sp:>8}")
 
 
 def write_json(args, table, runs, engine) -> None:

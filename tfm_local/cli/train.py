@@ -111,12 +111,14 @@ def _fit_options(args):
 def cmd_fit(args) -> None:
     """``tfm-train fit``: train (or resume), then export."""
     from tfm_local.train.export import export
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import ShapeRequest
 
     target = _target(args.target)
-    config = drafter_config(target, args.layers, args.ffn, args.target_layers, args.mask_token)
-    ckpt = fit(args.corpus, target, args.out, _fit_options(args), config, _device(args.device),
-               restart=args.restart)
+    # the shape options given: a new drafter's shape; checked against a resumed or warm-start drafter's
+    shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token)
+    ckpt = fit(args.corpus, target, args.out, _fit_options(args), None, _device(args.device),
+               restart=args.restart, init_from=args.init_from, shape=shape)
     print(f"checkpoint: {ckpt}")
     if not args.no_export:
         for k, p in export(ckpt, target, f"{args.out}/export", tuple(args.outtype)).items():
@@ -217,10 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True, help="run folder: checkpoint.pt, log.jsonl, export/")
-    p.add_argument("--layers", type=int, default=5, help="drafter layers (default 5)")
+    p.add_argument("--layers", type=int, default=None, help="drafter layers (default 5)")
     p.add_argument("--ffn", type=int, default=None, help="drafter MLP width (default 3 × hidden)")
-    p.add_argument("--target-layers", type=int, default=5, help="target layers read, shallow to deep (default 5)")
+    p.add_argument("--target-layers", type=int, default=None, help="target layers read, shallow to deep (default 5)")
     p.add_argument("--mask-token", type=int, default=None, help="MASK id (default: first unused id of the vocabulary)")
+    p.add_argument("--init-from", default=None, metavar="PATH",
+                   help="start a new run from this drafter's weights (z-lab folder with config.json + "
+                        "model.safetensors, or a checkpoint.pt), fresh optimiser and schedule; its shape is "
+                        "kept (--layers/--ffn, if given, must match); ignored once --out holds a checkpoint")
     d = _fit_defaults()
     for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),
                       ("weight-decay", float), ("grad-clip", float), ("batch-tokens", int), ("anchors", int),

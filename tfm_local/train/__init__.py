@@ -10,6 +10,7 @@ summarised in shared/DESIGN.md §5. The pieces, one module each:
 * ``target_torch`` the target's forward in PyTorch: layer-input features, embedding, LM head.
 * ``model``        the drafter (Qwen3-style blocks, fc + hidden_norm, KV injection of features).
 * ``recipe``       anchors, the weighted block loss, the optimiser loop, checkpoints.
+* ``fit``          the training loop (resumable); ``warmstart`` (``--init-from``), ``timebudget`` (``--time-budget``).
 * ``export``       z-lab Hugging Face layout and GGUF (through tfm_convert).
 * ``checks``       feature cosine against llama.cpp; drafter parity against llama.cpp.
 * ``smoke``        the whole pipeline on a tiny synthetic target, on the CPU.

@@ -4,7 +4,10 @@
 target, trains it with ``recipe`` on the corpus, writes checkpoints
 atomically every ``save_every`` steps and at the end, logs to
 ``out/log.jsonl``, shows a tqdm bar (loss, acceptance proxy τ, learning
-rate) and finally exports the z-lab layout and GGUFs (``export``).
+rate) and finally exports the z-lab layout and GGUFs (``export``). A new run
+may start from the weights of another drafter (``init_from``, see
+``warmstart``); a wall-clock budget fits the schedule to the time
+(``timebudget``).
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .corpus import corpus_id, load_corpus, target_identity
 from .errors import TrainError
 from .model import DFlashDraft
-from .recipe import TIME_PROBE, FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
+from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
+from .timebudget import TimeBudget
+from .warmstart import ShapeRequest, load_init_source
 
 CKPT = "checkpoint.pt"
 
@@ -51,7 +56,7 @@ def _fixed(options: dict) -> dict:
 class _Run:
     """State of one fit: models, optimiser, plans, position."""
 
-    def __init__(self, corpus, target, out, opts, config, device):
+    def __init__(self, corpus, target, out, opts, config, device, init_from=None, shape=None):
         from .target_torch import TorchTarget
 
         self.out, self.opts, self.device = Path(out), opts, torch.device(device)
@@ -66,14 +71,14 @@ class _Run:
         self.seqs = [seqs[i] for i in keep]
         self.cuda = self.device.type == "cuda"
         self.state = load_checkpoint(self.out / CKPT) if (self.out / CKPT).is_file() else None
-        fresh = config or drafter_config(target, 5, None)
-        self.config = config_from_dict(self.state["config"]) if self.state else fresh
-        if self.state and config is not None and config != self.config:
-            raise TrainError(f"{self.out / CKPT} holds a drafter of another shape ({self.config}); "
-                             "pass the same --layers/--ffn/--target-layers/--mask-token, or --restart")
+        source = None if self.state or init_from is None else load_init_source(init_from, target)
+        self.init_record = self.state.get("init_from") if self.state else source and source.record
+        self.config = self._resolve_config(target, config, source, shape)
         self._check_resume(ident)
         torch.manual_seed(opts.seed)  # the initial weights depend on the seed only
         self.drafter = DFlashDraft(self.config).to(self.device)
+        if source is not None:
+            self.drafter.load_state_dict(source.state)
         self.target = TorchTarget(target, self.device, torch.bfloat16 if self.cuda else torch.float32,
                                   n_layers=max(self.drafter.feature_layers))
         self.plans = [plan_batches([min(len(s.ids), opts.max_len) for s in self.seqs], opts.batch_tokens,
@@ -91,6 +96,29 @@ class _Run:
             self.optim.load_state_dict(self.state["optim"])
             self.step = int(self.state["step"])
 
+    def _resolve_config(self, target, config, source, shape) -> DFlashConfig:
+        """The drafter config: the checkpoint's (resume), the source's (warm start), else ``config``, else
+        a new one from ``shape`` (5 layers, 3 × hidden MLP, 5 target layers where not given).
+
+        Raises:
+            TrainError: ``config`` or ``shape`` disagrees with the checkpoint's or the source's drafter.
+        """
+        if self.state:
+            have, where = config_from_dict(self.state["config"]), f"{self.out / CKPT} holds"
+        elif source is not None:
+            have, where = source.config, f"--init-from {source.record['path']} is"
+        else:
+            return config or (shape or ShapeRequest()).new_config(target)
+        bad = (shape or ShapeRequest()).mismatches(have)
+        if config is not None:
+            bad += [f"{f.name} {getattr(config, f.name)} (drafter: {getattr(have, f.name)})"
+                    for f in dataclasses.fields(have) if getattr(config, f.name) != getattr(have, f.name)]
+        if bad:
+            raise TrainError(f"{where} a drafter of another shape than asked ({'; '.join(bad)}): "
+                             "pass the same --layers/--ffn/--target-layers/--mask-token or leave them out"
+                             + (", or --restart" if self.state else ""))
+        return have
+
     def _check_resume(self, ident: dict) -> None:
         if not self.state:
             return
@@ -107,7 +135,8 @@ class _Run:
             "config": dataclasses.asdict(self.config), "options": dataclasses.asdict(self.opts),
             "model": self.drafter.state_dict(), "optim": self.optim.state_dict(), "step": self.step,
             "total_steps": self.total, "corpus_id": corpus_id(self.manifest),
-            "target_sha256": self.ident["sha256"], "target_name": self.ident["name"]})
+            "target_sha256": self.ident["sha256"], "target_name": self.ident["name"],
+            "init_from": self.init_record})
 
     def batches(self):
         """(step, Batch) from the current step to the end, deterministically."""
@@ -123,40 +152,31 @@ class _Run:
                 step += 1
 
 
-def _apply_budget(run: _Run, bar, done: int, t0: float, t_probe: float | None, budget: float) -> float | None:
-    """Shorten ``run.total`` so the fit ends ``budget`` s after ``t0``; returns the probe start time.
-
-    The step time is the mean over steps ``TIME_PROBE`` of this session; the
-    schedule is cut once, leaving a 3% margin. ``run.batches`` reads
-    ``run.total`` at every step, so the cut takes effect at once.
-    """
-    lo, hi = TIME_PROBE
-    if done == lo:
-        return time.time()
-    if done == hi and t_probe is not None:
-        dt = (time.time() - t_probe) / (hi - lo)
-        left = int((0.97 * budget - (time.time() - t0)) / dt)
-        run.total = max(run.step + 1, min(run.total, run.step + left))
-        bar.total = run.total
-        bar.refresh()
-    return t_probe
-
-
 def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike, opts: FitOptions,
         config: DFlashConfig | None = None, device: str = "cpu", progress: bool = True,
-        restart: bool = False) -> Path:
+        restart: bool = False, init_from: str | os.PathLike | None = None,
+        shape: ShapeRequest | None = None) -> Path:
     """Train (or resume training) a drafter; returns the final checkpoint path.
 
     Args:
         corpus: corpus folder (``tfm-train data``). target: the target GGUF that generated it.
         out: run folder: ``checkpoint.pt``, ``log.jsonl``.
-        opts: FitOptions. config: drafter config for a new run (default: 5
-            layers, see ``drafter_config``); a resumed run keeps its own (a
-            different ``config`` given then is an error).
+        opts: FitOptions. config: drafter config for a new run (default: from
+            ``shape``, see ``drafter_config``); a resumed or warm-started run
+            keeps its own (a different ``config`` given then is an error).
         device: "cuda" or "cpu". restart: discard an existing checkpoint.
+        init_from: a new run starts from the weights of this drafter (z-lab
+            folder or checkpoint file; fresh optimiser and schedule); ignored
+            when ``out`` holds a checkpoint. Its path and sha256 are recorded in
+            the checkpoint (``init_from``) and as the first line of ``log.jsonl``.
+        shape: drafter options given explicitly (``--layers`` ...): the shape of a
+            new drafter when ``config`` is None; an error when the checkpoint's or
+            the source's drafter differs.
     Raises:
-        TrainError: corpus/target mismatch, resume with other options.
+        TrainError: corpus/target mismatch, resume with other options, a
+            drafter of another shape, a source that does not fit the target.
         CorruptArtifactError: corrupt corpus or checkpoint.
+        FileNotFoundError: ``init_from`` does not exist (new runs only).
     """
     from tqdm import tqdm
 
@@ -164,16 +184,24 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
     out.mkdir(parents=True, exist_ok=True)
     if restart and (out / CKPT).exists():
         (out / CKPT).unlink()
-    run = _Run(corpus, target, out, opts, config, device)
+    run = _Run(corpus, target, out, opts, config, device, init_from, shape)
     weights = position_weights(run.config.block_size, opts.gamma, run.device)
     bar = tqdm(total=run.total, initial=run.step, desc="fit", unit="step", disable=not progress)
     ema_loss = ema_tau = None
-    t0, log = time.time(), open(out / "log.jsonl", "a", encoding="utf-8")
-    first, t_probe = run.step, None
+    new_run = run.step == 0  # a new run starts a new log (lines of a discarded or unsaved run are dropped)
+    t0, log = time.time(), open(out / "log.jsonl", "w" if new_run else "a", encoding="utf-8")
+    if new_run and run.init_record:
+        log.write(json.dumps({"step": 0, "init_from": run.init_record}) + "\n")
+        log.flush()
+    budget = (TimeBudget(opts.time_budget_s, t0, run.step, run.total, opts.save_every)
+              if opts.time_budget_s is not None else None)
     try:
         for step, batch in run.batches():
-            if opts.time_budget_s is not None:
-                t_probe = _apply_budget(run, bar, step - first, t0, t_probe, opts.time_budget_s)
+            if budget is not None:
+                total = budget.step_start(step, run.total)
+                if total != run.total:  # run.batches reads run.total at every step
+                    run.total = bar.total = total
+                    bar.refresh()
             lr = opts.lr * lr_factor(step, run.total, opts.warmup, opts.min_lr / opts.lr if opts.lr else 0.0)
             for g in run.optim.param_groups:
                 g["lr"] = lr
@@ -191,11 +219,14 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
             bar.update(1)
             bar.set_postfix(loss=f"{ema_loss:.3f}", tau=f"{ema_tau:.2f}", lr=f"{lr:.1e}")
             if run.step % opts.log_every == 0 or run.step == run.total:
-                log.write(json.dumps({"step": run.step, "loss": lv, "tau": tau, "lr": lr,
+                log.write(json.dumps({"step": run.step, "loss": lv, "tau": tau, "lr": lr, "total": run.total,
                                       "elapsed_s": round(time.time() - t0, 1)}) + "\n")
                 log.flush()
             if run.step % opts.save_every == 0:
+                t_save = time.time()
                 run.save()
+                if budget is not None:
+                    budget.saved(time.time() - t_save)
         run.save()
     finally:
         bar.close()

@@ -39,9 +39,10 @@ class FitOptions:
         seed: batching and anchor seed. save_every: checkpoint period (steps).
         max_steps: stop after this many steps in total (None = all epochs).
         log_every: steps between log lines.
-        time_budget_s: wall-clock seconds for the whole fit (None = no
-            limit): after ``TIME_PROBE`` steps the step time is measured and
-            the schedule (warmup, cosine) is shortened to end within it.
+        time_budget_s: wall-clock seconds for the whole fit of a session
+            (None = no limit): the step time is measured as the fit runs and
+            the schedule (warmup, cosine) is re-fitted to end within it
+            (``timebudget.TimeBudget``).
     """
 
     epochs: int = 6
@@ -59,9 +60,6 @@ class FitOptions:
     max_steps: int | None = None
     log_every: int = 10
     time_budget_s: float | None = None
-
-
-TIME_PROBE = (10, 40)  # steps (from the start of a session) between which the step time is measured
 
 
 def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:

@@ -1,0 +1,147 @@
+"""Starting a new fit from the weights of an existing drafter (``tfm-train fit --init-from``).
+
+The source is either a z-lab layout folder (``config.json`` + safetensors,
+F32/F16/BF16, e.g. ``run/export/hf``) or a ``tfm-train`` checkpoint file
+(``checkpoint.pt``). Only its config and weights are taken: the new run gets
+a fresh optimiser and learning-rate schedule. The source is identified by
+its path and the sha256 of its weight file(s), recorded in the new run's
+checkpoint and log.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tfm_convert.errors import ConvertError
+from tfm_convert.zlab import DFlashConfig
+
+from .errors import TrainError
+
+
+@dataclass
+class InitSource:
+    """Config, weights and identity of a warm-start source.
+
+    Attributes:
+        config: the drafter config (the new run keeps this shape).
+        state: model ``state_dict`` (names as ``DFlashDraft``), float32 CPU tensors.
+        record: ``{"path", "kind" ("zlab" | "checkpoint"), "sha256", "files"}``;
+            ``sha256`` is that of the weight file (of the concatenation of the
+            ``files`` in that order when the weights are sharded); for a
+            checkpoint also ``"step"`` (its training step).
+    """
+
+    config: DFlashConfig
+    state: dict[str, torch.Tensor]
+    record: dict
+
+
+def sha256_files(paths: list[Path], chunk: int = 1 << 22) -> str:
+    """Hex sha256 of the concatenated bytes of ``paths`` (in the given order), read ``chunk`` bytes at a time."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _zlab_files(folder: Path) -> list[Path]:
+    """The safetensors files of a z-lab folder, in name order (the index's shards, or every ``*.safetensors``)."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = json.loads(index.read_text())["weight_map"].values()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise TrainError(f"--init-from {folder}: malformed {index.name} ({e})") from None
+        return sorted({folder / n for n in names})
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _load_zlab(folder: Path) -> InitSource:
+    from tfm_convert.layout import expected_shapes
+    from tfm_convert.validate import check_config, check_tensors
+    from tfm_convert.zlab import index_tensors, read_config
+
+    config = read_config(folder)
+    check_config(config)
+    tensors = index_tensors(folder)
+    check_tensors({n: t.shape for n, t in tensors.items()}, config.dims)
+    wanted = expected_shapes(config.dims)  # the drafter's own tensors (shared embedding / head left out)
+    state = {n: torch.from_numpy(t.load()) for n, t in tensors.items() if n in wanted}
+    files = _zlab_files(folder)
+    record = {"path": str(folder.resolve()), "kind": "zlab", "files": [f.name for f in files],
+              "sha256": sha256_files(files)}
+    return InitSource(config, state, record)
+
+
+def _load_checkpoint(path: Path) -> InitSource:
+    from .checkpoint import load_checkpoint
+    from .fit import config_from_dict
+
+    ck = load_checkpoint(path)
+    try:
+        config, state = config_from_dict(ck["config"]), ck["model"]
+    except (KeyError, TypeError) as e:
+        raise TrainError(f"--init-from {path}: checkpoint lacks its config or weights ({e})") from None
+    record = {"path": str(path.resolve()), "kind": "checkpoint", "files": [path.name],
+              "sha256": sha256_files([path]), "step": int(ck.get("step", 0))}
+    return InitSource(config, {k: v.detach().float().cpu() for k, v in state.items()}, record)
+
+
+def load_init_source(path: str | os.PathLike, target: str | os.PathLike | None = None) -> InitSource:
+    """Read a warm-start source and check it fits ``target``.
+
+    Args:
+        path: z-lab layout folder or ``tfm-train`` checkpoint file.
+        target: the target GGUF of the new run (width, vocabulary, mask token
+            and feature layers are checked against it); None skips the check.
+    Raises:
+        FileNotFoundError: no such file or folder.
+        TrainError: malformed source, tensors that do not match its config, or
+            a drafter that does not fit the target.
+        CorruptArtifactError: a corrupt checkpoint file.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"--init-from {path}: no such file or folder")
+    try:
+        src = _load_zlab(path) if path.is_dir() else _load_checkpoint(path)
+        if target is not None:
+            from tfm_convert.target_info import read_target_info
+            from tfm_convert.validate import check_against_target
+
+            check_against_target(src.config, read_target_info(target))
+    except ConvertError as e:
+        raise TrainError(f"--init-from {path}: {e}") from None
+    return src
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """Drafter-shape options the user gave explicitly (None = not given), checked against a config."""
+
+    layers: int | None = None
+    ffn: int | None = None
+    target_layers: int | None = None
+    mask_token: int | None = None
+
+    def new_config(self, target: str | os.PathLike) -> DFlashConfig:
+        """A fresh drafter config for ``target``: the given options, else 5 layers, 3 × hidden MLP, 5 target layers."""
+        from .fit import drafter_config
+
+        return drafter_config(target, 5 if self.layers is None else self.layers, self.ffn,
+                              5 if self.target_layers is None else self.target_layers, self.mask_token)
+
+    def mismatches(self, config: DFlashConfig) -> list[str]:
+        """``"--option N (drafter: M)"`` for each given option that ``config`` does not have."""
+        have = {"layers": config.num_hidden_layers, "ffn": config.intermediate_size,
+                "target_layers": len(config.target_layer_ids), "mask_token": config.mask_token_id}
+        return [f"--{k.replace('_', '-')} {v} (drafter: {have[k]})" for k, v in vars(self).items()
+                if v is not None and v != have[k]]
