@@ -24,7 +24,7 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
         checkpoint: checkpoint folder or hub id (``owner/name``).
         target: target GGUF path; its vocabulary and tokenizer are copied.
         out: output GGUF path (appears only when complete).
-        outtype: "f32", "f16", "bf16" or "q8_0".
+        outtype: "f32", "f16", "bf16", "q8_0", "q5_0" or "q4_0".
 
     Returns:
         the output Path.

@@ -42,7 +42,7 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
             the names must be exactly ``layout.expected_shapes`` (plus
             optional shared copies, which are dropped).
         target: the target's facts; its tokenizer is copied.
-        outtype: "f32", "f16", "bf16" or "q8_0" (norms stay F32; Q8_0 falls
+        outtype: "f32", "f16", "bf16", "q8_0", "q5_0" or "q4_0" (norms stay F32; block types fall
             back to F16 for rows not a multiple of 32).
         name: ``general.name`` (default: the output file stem).
 

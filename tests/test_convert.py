@@ -147,12 +147,12 @@ def test_init_random_cli_options_and_seed(tmp_path, target):
 def _expected_type(shape, outtype):
     if len(shape) == 1:
         return gguf.GGMLQuantizationType.F32
-    if outtype == "q8_0" and shape[-1] % 32:
+    if outtype in ("q8_0", "q5_0", "q4_0") and shape[-1] % 32:
         return gguf.GGMLQuantizationType.F16
     return gguf.GGMLQuantizationType[outtype.upper()]
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_0"])
 def test_convert_outtypes_metadata_and_types(tmp_path, hf_ckpt, target, outtype):
     out = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", outtype)
     assert _files(tmp_path) == ["d.gguf"]
@@ -208,18 +208,24 @@ def test_half_precision_checkpoints_convert_exactly(tmp_path, target, dtype):
         np.testing.assert_array_equal(by_name[gguf_name(n)].reshape(a.shape), want)
 
 
-def test_q8_0_values_within_quantisation_error(tmp_path, hf_ckpt, target):
+@pytest.mark.parametrize("outtype,bound", [("q8_0", 0.51 / 127), ("q5_0", 1.01 / 16), ("q4_0", 1.01 / 8)])
+def test_block_types_values_within_quantisation_error(tmp_path, hf_ckpt, target, outtype, bound):
+    """Every value within its type's error bound × block max: half a step for Q8_0 (symmetric,
+    127 levels a side); one step for Q5_0/Q4_0 (scale max/−16, max/−8: the far side clips)."""
     _, tensors = _load_hf(hf_ckpt)
-    out = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", "q8_0")
+    out = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", outtype)
+    n_quant = 0
     for x in gguf.GGUFReader(out).tensors:
-        if x.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+        if x.tensor_type != gguf.GGMLQuantizationType[outtype.upper()]:
             continue
+        n_quant += 1
         hf = next(n for n in tensors if gguf_name(n) == x.name)
         a = tensors[hf]
         deq = gguf.quants.dequantize(np.asarray(x.data), x.tensor_type).reshape(a.shape)
         block_max = np.abs(a.reshape(-1, 32)).max(axis=1, keepdims=True)
         err = np.abs(deq - a).reshape(-1, 32)
-        assert (err <= block_max / 127 * 0.51 + 1e-3 * block_max).all()
+        assert (err <= block_max * bound + 1e-3 * block_max).all()
+    assert n_quant > 0
 
 
 def test_shared_embedding_copies_are_dropped(tmp_path, hf_ckpt, target):
@@ -442,7 +448,7 @@ def test_random_drafter_loads_and_drafts_in_llama_cpp(tmp_path, lc, target):
     assert np.abs(logits_a - logits_b).max() > 0.5  # the injected features matter
 
 
-@pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0", "q5_0", "q4_0"])
 def test_converted_drafters_load_and_agree_with_f32(tmp_path, lc, hf_ckpt, target, outtype):
     ref = convert_checkpoint(hf_ckpt, target, tmp_path / "f32.gguf", "f32")
     out = convert_checkpoint(hf_ckpt, target, tmp_path / f"{outtype}.gguf", outtype)
@@ -455,7 +461,8 @@ def test_converted_drafters_load_and_agree_with_f32(tmp_path, lc, hf_ckpt, targe
     got = _draft(lc, target, out, feats, block, 4)
     assert np.isfinite(got).all()
     # quantisation noise only: far below the effect of other features (checked in the test above)
-    rel, corr = {"f16": (0.05, 0.9999), "bf16": (0.1, 0.9999), "q8_0": (0.3, 0.998)}[outtype]
+    rel, corr = {"f16": (0.05, 0.9999), "bf16": (0.1, 0.9999), "q8_0": (0.3, 0.998), "q5_0": (0.6, 0.99),
+                 "q4_0": (1.5, 0.95)}[outtype]
     assert np.abs(got - want).max() < rel * want.std()
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > corr
 

@@ -184,6 +184,9 @@ def cmd_smoke(args) -> None:
         raise SystemExit(1)
 
 
+_OUTTYPES = ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_0"]  # tfm_convert.quant.OUTTYPES (no gguf import here)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every subcommand."""
     ap = argparse.ArgumentParser(prog="tfm-train", description=__doc__.split("\n")[0],
@@ -239,14 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cuda or cpu (default cuda when available)")
     p.add_argument("--restart", action="store_true", help="discard an existing checkpoint in --out")
     p.add_argument("--no-export", action="store_true", help="skip the export at the end")
-    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], help="GGUF types to export (default f16 q8_0)")
+    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], choices=_OUTTYPES,
+                   help="GGUF types to export (default f16 q8_0)")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("export", help="z-lab layout + GGUF from a checkpoint")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True, help="output folder (hf/ and drafter-<type>.gguf)")
-    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], choices=["f32", "f16", "bf16", "q8_0"])
+    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], choices=_OUTTYPES)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("check-features", help="PyTorch vs llama.cpp target layer inputs")
