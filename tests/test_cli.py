@@ -1,5 +1,6 @@
 """tfm-chat and tfm-bench as a user runs them (real processes, tiny synthetic GGUFs)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -56,7 +57,7 @@ def test_bench_writes_table_and_json(pair, tmp_path):
     target, drafter = pair
     out = tmp_path / "b.json"
     r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
-            "-n", "2", "--max-tokens", "8", "--json", str(out))
+            "-n", "2", "--max-tokens", "8", "--modes", "plain,chain", "--no-plot", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "chain" in r.stdout and "plain" in r.stdout
     doc = json.loads(out.read_text())
@@ -64,3 +65,114 @@ def test_bench_writes_table_and_json(pair, tmp_path):
     plain = [x["output_ids"] for x in doc["runs"] if x["mode"] == "plain"]
     chain = [x["output_ids"] for x in doc["runs"] if x["mode"] == "chain"]
     assert plain == chain
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text,want", [
+    ("plain", [("plain", "chain", 0)]),
+    ("chain,auto", [("chain", "chain", None), ("auto", "chain", "auto")]),
+    ("chain@8, ddtree@16,wide@4,ddtree@auto", [("chain@8", "chain", 8), ("ddtree@16", "ddtree", 16),
+                                               ("wide@4", "wide", 4), ("ddtree@auto", "ddtree", "auto")]),
+])
+def test_bench_parse_modes(text, want):
+    from tfm_local.cli.bench import parse_modes
+
+    assert [tuple(m) for m in parse_modes(text)] == want
+
+
+@pytest.mark.parametrize("text", ["", "fast", "ddtree", "ddtree@0", "ddtree@-2", "ddtree@x", "tree@4",
+                                  "plain,plain"])
+def test_bench_parse_modes_rejects(text):
+    from tfm_local.cli.bench import parse_modes
+
+    with pytest.raises(ValueError):
+        parse_modes(text)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--modes", "plain,ddtree@zero"], "unknown mode"),
+    (["--budget", "4"], "--modes"),
+    (["--no-draft", "--modes", "plain,chain"], "need a drafter"),
+])
+def test_bench_bad_input_is_a_clear_error(pair, tmp_path, args, msg):
+    target, drafter = pair
+    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+            "-n", "1", "--max-tokens", "4", "--json", str(tmp_path / "b.json"), *args)
+    assert r.returncode == 2, r.stderr
+    assert "error:" in r.stderr and msg in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.fixture(scope="module")
+def bench_run(pair, tmp_path_factory):
+    """One bench run over four modes: (process result, JSON path, PNG path)."""
+    target, drafter = pair
+    out = tmp_path_factory.mktemp("bench") / "modes.json"
+    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+            "--modes", "plain,chain,ddtree@4,auto", "-n", "1", "--max-tokens", "8", "--json", str(out))
+    return r, out, out.with_suffix(".png")
+
+
+def test_bench_modes_table(bench_run):
+    r, _, _ = bench_run
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["set", "mode", "budget", "prompts", "tokens", "tau", "tok/s", "speedup",
+                                "mismatches"]
+    rows = {ln.split()[1]: ln.split() for ln in lines[1:]}
+    assert set(rows) == {"plain", "chain", "ddtree@4", "auto"}
+    assert rows["plain"][-2:] == ["1.00x", "-"] and rows["ddtree@4"][2] == "4" and rows["auto"][2] == "auto"
+    assert all(rows[m][-1] == "0" for m in ("chain", "ddtree@4", "auto"))
+
+
+def test_bench_modes_json(bench_run):
+    r, out, _ = bench_run
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert {"command", "argv", "date", "machine", "target", "drafter", "summary", "runs"} <= set(doc)
+    assert "--modes" in doc["argv"] and "plain,chain,ddtree@4,auto" in doc["command"]
+    assert isinstance(doc["machine"]["gpu"], bool) and doc["machine"]["threads"] >= 1
+    summary = {row["mode"]: row for row in doc["summary"]}
+    assert [row["mode"] for row in doc["summary"]] == ["plain", "chain", "ddtree@4", "auto"]
+    assert summary["ddtree@4"]["tree"] == "ddtree" and summary["ddtree@4"]["budget"] == 4
+    assert summary["auto"]["budget"] == "auto" and summary["auto"]["budget_max"] >= 1
+    assert summary["chain"]["budget"] == summary["chain"]["budget_max"] >= 1  # clamped to block size - 1
+    assert summary["plain"]["mismatches"] is None and summary["plain"]["speedup"] == 1.0
+    for m in ("chain", "ddtree@4", "auto"):
+        assert summary[m]["mismatches"] == 0 and summary[m]["n_generated"] == 8
+        assert {"tau", "tokens_per_s", "speedup", "n_prompts"} <= set(summary[m])
+    runs = {x["mode"]: x for x in doc["runs"]}
+    assert all(runs[m]["output_ids"] == runs["plain"]["output_ids"] for m in runs)
+    assert runs["ddtree@4"]["matches_plain"] is True and runs["ddtree@4"]["n_spec_steps"] > 0
+
+
+def test_bench_writes_png(bench_run):
+    r, _, png = bench_run
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bench_plot_only_redraws(bench_run, tmp_path):
+    _, out, _ = bench_run
+    png = tmp_path / "again.png"
+    r = run("tfm_local.cli.bench", "--plot-only", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    r = run("tfm_local.cli.bench", "--plot-only", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_without_matplotlib_warns(pair, tmp_path):
+    target, drafter = pair
+    fake = tmp_path / "fake" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    out = tmp_path / "b.json"
+    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+            "--modes", "plain", "-n", "1", "--max-tokens", "4", "--json", str(out),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), *sys.path])})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["summary"] and not out.with_suffix(".png").exists()
+    assert "warning: matplotlib" in r.stderr

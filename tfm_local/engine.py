@@ -117,6 +117,22 @@ class Engine:
             self.target.set_features(self.drafter.layers if b > 0 else [])
         self.budget = b
 
+    def set_draft(self, tree: str, budget: int | str | None) -> None:
+        """Switch the draft shape (``"chain"``, ``"ddtree"``, ``"wide"``) and the budget (as ``set_budget``).
+
+        Raises ValueError for an unknown shape (nothing changed) or a bad budget (as ``set_budget``;
+        the previous shape is restored).
+        """
+        if tree not in ("chain", *BUILDERS):
+            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
+        old = self.tree_mode
+        self.tree_mode = tree
+        try:
+            self.set_budget(budget)
+        except ValueError:
+            self.tree_mode = old
+            raise
+
     @property
     def active_drafter(self) -> DFlashDrafter | None:
         """The drafter when speculation is on (budget > 0), else None."""

@@ -1,8 +1,14 @@
-"""tfm-bench: τ and tokens/s of plain decoding vs speculative decoding on real prompt sets.
+"""tfm-bench: τ and tokens/s of plain decoding, the chain and DDTree budgets on real prompt sets.
 
-Modes run side by side in one process, prompt by prompt (plain, then each
-speculative mode), so the ratio is measured under the same machine load.
-Prints a table and writes JSON (per prompt and per set).
+One engine is loaded once and switched between modes (``Engine.set_draft``);
+each prompt runs every mode back to back, so machine noise hits all modes
+alike. Generation is greedy with the target's chat template; every mode first runs
+once untimed on the first prompt (``--warmup-tokens``). Every
+speculative mode's output is compared with plain decoding's (mismatches are
+counted, not fatal: near-ties can flip with a different batch shape).
+Prints a table, writes JSON (per prompt and per set) and plots τ and tokens/s
+against the budget B per prompt set (PNG); ``--plot-only`` redraws the plot
+from a JSON file.
 """
 from __future__ import annotations
 
@@ -10,90 +16,221 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from .common import add_engine_args, engine_from_args, fail
+
+SHAPES = ("chain", "ddtree", "wide")
+DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
+
+
+class Mode(NamedTuple):
+    """One benchmark mode: its label, draft shape and requested budget (0 = plain, None = the
+    engine's maximum, ``"auto"`` = chosen per step)."""
+
+    label: str
+    tree: str
+    budget: int | str | None
+
+
+def parse_mode(text: str) -> Mode:
+    """One ``--modes`` item: ``plain``, ``chain``, ``auto`` (= ``chain@auto``), ``SHAPE@B`` or
+    ``SHAPE@auto`` with SHAPE in chain, ddtree, wide and B an integer >= 1.
+
+    Raises ValueError with a message for the user.
+    """
+    text = text.strip()
+    if text == "plain":
+        return Mode(text, "chain", 0)
+    if text == "chain":
+        return Mode(text, "chain", None)
+    if text == "auto":
+        return Mode(text, "chain", "auto")
+    shape, at, b = text.partition("@")
+    if shape in SHAPES and at and b == "auto":
+        return Mode(text, shape, "auto")
+    if shape in SHAPES and at and b.isdigit() and int(b) >= 1:
+        return Mode(text, shape, int(b))
+    raise ValueError(f"unknown mode {text!r}; use plain, chain, auto, chain@B, ddtree@B, wide@B "
+                     f"(B an integer >= 1) or ddtree@auto")
+
+
+def parse_modes(text: str) -> list[Mode]:
+    """The comma-separated ``--modes`` list; raises ValueError for an unknown, repeated or empty list."""
+    modes = [parse_mode(t) for t in text.split(",") if t.strip()]
+    if not modes:
+        raise ValueError("--modes is empty")
+    labels = [m.label for m in modes]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"mode(s) given twice: {', '.join(dup)}")
+    return modes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="tfm-bench", description=__doc__.split("\n")[0])
     add_engine_args(ap)
+    ap.set_defaults(budget=None, tree=None)  # --modes sets both; given explicitly they are an error
     ap.add_argument("--sets", default="humaneval,gsm8k,mtbench", help="comma-separated prompt sets")
     ap.add_argument("-n", "--n-prompts", type=int, default=40, help="first N prompts of each set (default 40)")
     ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
-    ap.add_argument("--modes", default="plain,chain", help="comma-separated: plain, chain")
+    ap.add_argument("--modes", default=DEFAULT_MODES,
+                    help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, auto (automatic budget "
+                         "with the chain), ddtree@auto (default %(default)s)")
+    ap.add_argument("--warmup-tokens", type=int, default=16,
+                    help="untimed run of every mode on the first prompt first, this many tokens (default 16; 0 = none)")
     ap.add_argument("--json", default="bench.json", help="output JSON path (default bench.json)")
+    ap.add_argument("--plot", default=None, help="output PNG path (default: the --json path with .png)")
+    ap.add_argument("--no-plot", action="store_true", help="write no plot")
+    ap.add_argument("--plot-only", metavar="JSON", default=None,
+                    help="redraw the plot from an existing bench JSON and exit (no model is loaded)")
     return ap.parse_args(argv)
 
 
-MODES = ("plain", "chain")
+def run_one(engine, prompt, mode: Mode, max_tokens: int) -> dict:
+    """Greedy generation of one prompt in one mode; returns its stats, the budget used and the output ids.
 
-
-def run_one(engine, prompt, mode: str, max_tokens: int, budget: int | None) -> dict:
-    """Greedy generation of one prompt in one mode; returns its stats and output token ids.
-
-    ``mode`` "chain" uses the engine's draft shape (``--tree``) with ``budget``; "plain" drafts nothing.
+    ``budget`` in the result is the engine's budget after clamping (block size - 1 for the chain,
+    the batch size - 1 for trees), or ``"auto"`` with its cap in ``budget_max``.
     """
     from ..sampling import SamplingParams
 
-    engine.set_budget(0 if mode == "plain" else budget)
+    engine.set_draft(mode.tree, mode.budget)
     ids = engine.prompt_tokens(prompt.messages)
     out = list(engine.generate_ids(ids, max_tokens, SamplingParams()))
     d = engine.stats.to_dict()
-    d.update(prompt_id=prompt.id, mode=mode if mode == "plain" else engine.tree_mode, budget=engine.budget,
+    d.update(prompt_id=prompt.id, mode=mode.label, tree=mode.tree,
+             budget="auto" if mode.budget == "auto" else engine.budget, budget_max=engine.budget,
              output_ids=out)
     return d
 
 
+def run_checked(engine, prompt, mode: Mode, max_tokens: int) -> dict:
+    """``run_one``; a prompt the engine refuses (no chat template, over the context) ends the program clearly."""
+    try:
+        return run_one(engine, prompt, mode, max_tokens)
+    except ValueError as e:
+        fail(str(e))
+
+
+def mark_mismatches(runs: list[dict]) -> None:
+    """Set each run's ``matches_plain``: its output ids equal plain decoding's on the same prompt
+    (None for plain itself and when plain did not run)."""
+    plain = {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+    for r in runs:
+        ref = plain.get((r["set"], r["prompt_id"]))
+        r["matches_plain"] = None if r["mode"] == "plain" or ref is None else r["output_ids"] == ref
+
+
 def aggregate(rows: list[dict]) -> dict:
-    """Totals of a set of runs: τ = emitted / verify passes, tok/s = tokens / decode time."""
+    """Totals of a set of runs: τ = emitted / verify passes, tok/s = tokens / decode time,
+    mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain)."""
     steps = sum(r["n_steps"] for r in rows)
     toks = sum(r["n_step_tokens"] for r in rows)
     gen = sum(r["n_generated"] for r in rows)
     t = sum(r["t_decode"] for r in rows)
+    spec = sum(r["n_spec_steps"] for r in rows)
+    drafted = sum(r["n_drafted"] for r in rows)
+    checked = [r["matches_plain"] for r in rows if r.get("matches_plain") is not None]
     return dict(n_prompts=len(rows), n_generated=gen, tau=toks / steps if steps else 0.0,
                 tokens_per_s=gen / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
-                t_verify=sum(r["t_verify"] for r in rows), t_decode=t)
+                t_verify=sum(r["t_verify"] for r in rows), t_decode=t, n_steps=steps, n_spec_steps=spec,
+                n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0,
+                mismatches=checked.count(False) if checked else None)
+
+
+def summarize(runs: list[dict], set_name: str, modes: list[Mode]) -> list[dict]:
+    """One summary row per mode of ``set_name``, in ``modes`` order."""
+    rows = []
+    for m in modes:
+        rs = [r for r in runs if r["set"] == set_name and r["mode"] == m.label]
+        if rs:
+            rows.append(dict(set=set_name, mode=m.label, tree=m.tree, budget=rs[-1]["budget"],
+                             budget_max=rs[-1]["budget_max"], **aggregate(rs)))
+    return rows
+
+
+def plot_path(args) -> str | None:
+    """Where the PNG goes: ``--plot``, else the JSON path (or ``--plot-only``'s) with .png; None with --no-plot."""
+    if args.no_plot:
+        return None
+    return args.plot or os.path.splitext(args.plot_only or args.json)[0] + ".png"
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Exit with a clear error when ``path`` cannot be written (missing folder, or a folder itself)."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))) or os.path.isdir(path):
+        fail(f"cannot write {flag} {path}: no such folder, or it is a folder")
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    modes = args.modes.split(",")
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        fail(f"unknown mode(s) {bad}; choose from {list(MODES)}")
-    if args.max_tokens < 1 or args.n_prompts < 1:
-        fail("--max-tokens and -n must be >= 1")
-    out_dir = os.path.dirname(os.path.abspath(args.json))
-    if not os.path.isdir(out_dir) or os.path.isdir(args.json):
-        fail(f"cannot write --json {args.json}: no such folder, or it is a folder")
+    if args.plot_only:
+        return replot(args)
+    if args.budget is not None or args.tree is not None:
+        fail("--budget and --tree do not apply to tfm-bench: give shapes and budgets in --modes (e.g. ddtree@32)")
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as e:
+        fail(str(e))
+    if args.max_tokens < 1 or args.n_prompts < 1 or args.warmup_tokens < 0:
+        fail("--max-tokens and -n must be >= 1, --warmup-tokens >= 0")
+    check_writable(args.json, "--json")
+    png = plot_path(args)
+    if png:
+        check_writable(png, "--plot")
     from ..data import load_prompt_set
 
     try:
         sets = {name: load_prompt_set(name, args.n_prompts) for name in args.sets.split(",")}
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, LookupError) as e:
         fail(str(e))
+    spec = [m.label for m in modes if m.budget != 0]
+    if spec and args.no_draft:
+        fail(f"mode(s) {', '.join(spec)} need a drafter; drop --no-draft or use --modes plain")
+    args.tree, args.budget = "chain", (None if spec else 0)
     engine = engine_from_args(args)
-    if "chain" in modes and engine.drafter is None:
-        fail("mode 'chain' needs a drafter")
+    if spec and engine.drafter is None:
+        fail(f"mode(s) {', '.join(spec)} need a drafter, and none was loaded")
     runs, table = [], []
+    first = next((ps[0] for ps in sets.values() if ps), None)
+    if first is not None and args.warmup_tokens:
+        for mode in modes:  # the first passes of each shape allocate buffers: untimed
+            run_checked(engine, first, mode, args.warmup_tokens)
     for name, prompts in sets.items():
         for i, p in enumerate(prompts):
-            for mode in modes:
-                try:
-                    runs.append(dict(run_one(engine, p, mode, args.max_tokens, args.budget), set=name))
-                except ValueError as e:  # no chat template, prompt over the context
-                    fail(str(e))
+            runs += [dict(run_checked(engine, p, m, args.max_tokens), set=name) for m in modes]
             print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
-        for mode in {r["mode"]: None for r in runs if r["set"] == name}:
-            table.append(dict(set=name, mode=mode, **aggregate([r for r in runs if r["set"] == name and
-                                                                  r["mode"] == mode])))
+        mark_mismatches(runs)
+        table += summarize(runs, name, modes)
     print_table(table)
-    write_json(args, table, runs, engine)
+    write_json(args, table, runs, engine, argv)
     engine.close()
+    if png:
+        draw_or_warn(table, png)
+
+
+def replot(args) -> None:
+    """``--plot-only JSON``: redraw the plot of an existing bench JSON."""
+    try:
+        with open(args.plot_only) as f:
+            table = json.load(f)["summary"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"cannot read a bench JSON from {args.plot_only}: {e}")
+    png = plot_path(args)
+    if png is None:
+        fail("--plot-only with --no-plot draws nothing")
+    check_writable(png, "--plot")
+    try:
+        draw_plot(table, png)
+    except ImportError:
+        fail("--plot-only needs matplotlib (pip install matplotlib)")
+    print(f"wrote {png}", file=sys.stderr)
 
 
 def add_speedups(table: list[dict]) -> None:
@@ -104,25 +241,105 @@ def add_speedups(table: list[dict]) -> None:
 
 
 def print_table(table: list[dict]) -> None:
-    """Print the summary table (after ``add_speedups``, so the JSON gets them too); speed-up ``-`` without plain."""
+    """Print the summary table (after ``add_speedups``, so the JSON gets them too);
+    ``-`` for a speed-up without plain and for mismatches not checked."""
     add_speedups(table)
-    print(f"{'set':<10} {'mode':<7} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} {'speedup':>8}")
+    w = max([len("mode")] + [len(r["mode"]) for r in table])
+    print(f"{'set':<10} {'mode':<{w}} {'budget':>6} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} "
+          f"{'speedup':>8} {'mismatches':>10}")
     for r in table:
         sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        print(f"{r['set']:<10} {r['mode']:<7} {r['n_prompts']:>7} {r['n_generated']:>7} {r['tau']:>6.2f} "
-              f"{r['tokens_per_s']:>7.1f} {sp:>8}")
+        mm = "-" if r["mismatches"] is None else str(r["mismatches"])
+        print(f"{r['set']:<10} {r['mode']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
+              f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>10}")
 
 
-def write_json(args, table, runs, engine) -> None:
-    doc = dict(command=" ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               machine=dict(platform=platform.platform(), cpus=os.cpu_count()),
+def machine_info(args, engine) -> dict:
+    """Platform, CPU count, decoding threads and whether the models run on a GPU."""
+    from ..llm import default_threads, gpu_available
+
+    return dict(platform=platform.platform(), cpus=os.cpu_count(), threads=args.threads or default_threads(),
+                gpu=bool(gpu_available() and not args.cpu))
+
+
+def write_json(args, table, runs, engine, argv=None) -> None:
+    """Write the bench JSON atomically: command, date, machine, models, summary rows and per-prompt runs."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    doc = dict(command=shlex.join(sys.argv), argv=argv, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               machine=machine_info(args, engine),
                target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
-               else None, max_tokens=args.max_tokens, summary=table, runs=runs, written=time.time())
+               else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
+               summary=table, runs=runs, written=time.time())
     tmp = args.json + ".part"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(tmp, args.json)
     print(f"wrote {args.json}", file=sys.stderr)
+
+
+def draw_or_warn(table: list[dict], path: str) -> None:
+    """Draw the plot; without matplotlib print a one-line warning instead."""
+    try:
+        draw_plot(table, path)
+    except ImportError:
+        print(f"tfm-bench: warning: matplotlib is not installed, no plot written ({path})", file=sys.stderr)
+        return
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def draw_plot(table: list[dict], path: str) -> None:
+    """PNG with one row per prompt set: τ vs B and tok/s vs B (log2 x-axis).
+
+    Modes ``SHAPE@B`` with an integer budget are curves (one per shape, at the budget used);
+    the others (plain, chain, auto, ``SHAPE@auto``) are horizontal reference lines.
+    Raises ImportError when matplotlib is missing.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    sets = list(dict.fromkeys(r["set"] for r in table))
+    fig = Figure(figsize=(11, 3.6 * max(len(sets), 1)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(max(len(sets), 1), 2, squeeze=False)
+    for (ax_tau, ax_tps), name in zip(axes, sets):
+        rows = [r for r in table if r["set"] == name]
+        for ax, key, ylabel in ((ax_tau, "tau", "τ (tokens per target pass)"), (ax_tps, "tokens_per_s", "tokens/s")):
+            draw_panel(ax, rows, key)
+            ax.set(title=f"{name}: {ylabel.split(' (')[0]} vs budget", xlabel="budget B (draft tokens / nodes)",
+                   ylabel=ylabel)
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+    fig.savefig(path, dpi=100)
+
+
+def is_curve(row: dict) -> bool:
+    """A ``SHAPE@B`` row with an integer budget (a point on its shape's curve)."""
+    return "@" in row["mode"] and isinstance(row.get("budget"), int)
+
+
+def ref_label(row: dict) -> str:
+    """Legend label of a reference line: the mode, with the budget used when the label lacks it."""
+    b = row.get("budget")
+    return row["mode"] if row["mode"] == "plain" or not isinstance(b, int) else f"{row['mode']} (B={b})"
+
+
+def draw_panel(ax, rows: list[dict], key: str) -> None:
+    """One panel: a curve of ``key`` vs B per shape, horizontal lines for the other modes."""
+    from matplotlib.ticker import ScalarFormatter
+
+    colors = (f"C{i}" for i in range(100))
+    styles = ["--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1))]
+    for shape in dict.fromkeys(r["tree"] for r in rows if is_curve(r)):
+        pts = sorted((r["budget"], r[key]) for r in rows if is_curve(r) and r["tree"] == shape)
+        ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", color=next(colors), label=f"{shape}@B")
+    if any(is_curve(r) for r in rows):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 16, not 2^4
+    refs = [r for r in rows if not is_curve(r)]
+    for i, r in enumerate(refs):
+        ax.axhline(r[key], linestyle=styles[i % len(styles)],
+                   color="black" if r["mode"] == "plain" else next(colors), label=ref_label(r))
 
 
 if __name__ == "__main__":
