@@ -131,13 +131,23 @@ class ScriptMarginals:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def marginals(self, last_token, pos, n_draft):
-        m = np.array(self.inner.marginals(last_token, pos, n_draft), dtype=np.float32)
-        m[:] = 0.0
+    def _scripted(self, pos, n_draft):
+        m = np.zeros((n_draft, self.inner.target.model.n_vocab), dtype=np.float32)
         for i in range(n_draft):
             j = pos - self.prompt_len + 1 + i
             m[i, self.script[j] if 0 <= j < len(self.script) else 0] = 12.0
         return m
+
+    def marginals(self, last_token, pos, n_draft):
+        self.inner.marginals(last_token, pos, n_draft)
+        return self._scripted(pos, n_draft)
+
+    def top_k(self, last_token, pos, n_draft, k):
+        """The engine drafts from top_k: the real (backend) pass, then the script's top-k."""
+        from tfm_local.drafter import top_k_logprobs
+
+        self.inner.top_k(last_token, pos, n_draft, k)
+        return top_k_logprobs(self._scripted(pos, n_draft), k)
 
 
 @pytest.mark.parametrize("tree", ["chain", "ddtree"])

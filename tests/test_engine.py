@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfm_local.drafter import DrafterMismatchError
+from tfm_local.drafter import DrafterMismatchError, top_k_logprobs
 from tfm_local.engine import Engine
 from tfm_local.llm import LlamaError
 from tfm_local.sampling import SamplingParams
@@ -74,6 +74,11 @@ class OracleDrafter:
                 t = (t + 1 + int(self.rng.integers(0, 50))) % self.inner.target.model.n_vocab
             out.append(int(t))
         return out
+
+    def top_k(self, last_token, pos, n_draft, k):
+        """Trees and the auto budget draft from top_k: derive it from ``self.marginals``, so that
+        a subclass overriding ``marginals`` (test_tree_verify.TreeOracle) steers them."""
+        return top_k_logprobs(self.marginals(last_token, pos, n_draft), k)
 
 
 def run_ids(engine, prompt, n, sp=SamplingParams()):

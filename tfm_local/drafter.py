@@ -11,6 +11,16 @@ Token embedding and LM head are the target's, shared through ``ctx_other``.
 KV bookkeeping: the drafter cache holds injected features at ``0 .. P-1``
 plus, after a draft, the noise block at ``P ..``; ``commit`` drops the noise
 block and injects the accepted tokens' features.
+
+Top-K per block position (``top_k``, ``draft_chain``) is computed in the
+drafter's ggml graph by a backend sampler of our patch API (full-vocabulary
+log-softmax, then top-K on the logits' device): only K ids and K log-probs per
+row reach the host. The sampler is attached by ``reset`` (the engine's start
+of a generation: its scheduler reserve falls on the prefill) or the first
+``top_k``, with at least TOP_K candidates; a larger k re-attaches.
+``marginals`` copies the full logits instead: it detaches the sampler, and the
+next ``top_k`` re-attaches it (a scheduler reserve each time). While attached,
+a raw decode of a token block on ``ctx`` does not fill ``ctx.logits``.
 """
 from __future__ import annotations
 
@@ -22,6 +32,22 @@ import numpy as np
 from . import native
 from .llm import Context, Model
 from .target import Target
+
+
+def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` tokens of each row and their log-probabilities, sorted descending: ``[D, k]`` each."""
+    x = logits.astype(np.float64)
+    lse = x.max(1, keepdims=True)
+    lse = lse + np.log(np.exp(x - lse).sum(1, keepdims=True))
+    idx = np.argpartition(-x, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(x, idx, 1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return np.take_along_axis(idx, order, 1), np.take_along_axis(vals, order, 1) - lse
+
+
+#: Fewest candidates per block position the backend top-k sampler is attached with (the
+#: engine's default tree_top_k); a larger k re-attaches, a smaller one takes the first columns.
+TOP_K = 8
 
 
 class DrafterMismatchError(ValueError):
@@ -59,6 +85,7 @@ class DFlashDrafter:
         lc.llama_set_causal_attn(self.ctx.ptr, False)
         target.set_features(self.layers)
         self.n_injected = 0
+        self._topk: int | None = 0  # k of the attached backend top-k sampler (0: none; None: unsupported)
 
     def _check_compat(self) -> None:
         m, t = self.model, self.target.model
@@ -81,9 +108,11 @@ class DFlashDrafter:
 
     # -- KV injection --------------------------------------------------------------------
     def reset(self) -> None:
-        """Empty the drafter's KV cache."""
+        """Empty the drafter's KV cache, and attach the backend top-k sampler (TOP_K) if it is not:
+        its scheduler reserve then falls on the coming prefill instead of a (timed) draft."""
         self.ctx.clear()
         self.n_injected = 0
+        self._ensure_topk(TOP_K)
 
     def inject(self, features: np.ndarray, pos0: int) -> None:
         """Write features ``[n, n_layers * n_embd]`` of committed tokens at ``pos0 ..`` into the KV cache."""
@@ -93,24 +122,76 @@ class DFlashDrafter:
         self.n_injected = pos0 + features.shape[0]
 
     # -- drafting ------------------------------------------------------------------------
+    def _check_n_draft(self, n_draft: int) -> None:
+        if not 0 < n_draft < self.block_size:
+            raise ValueError(f"n_draft must be in 1..{self.block_size - 1}, got {n_draft}")
+
+    def _decode_block(self, last_token: int, pos: int, n_draft: int) -> None:
+        """One pass over ``[last_token, MASK × n_draft]`` at ``pos ..``, every row an output."""
+        self.ctx.truncate(pos)
+        # llama.cpp's dflash graph emits logits for every block row whatever the output flags
+        # (as upstream's common/speculative.cpp reads them), and backend samplers take output
+        # row i from logits row i: mark all rows, read rows 1.. .
+        self.ctx.decode_tokens([last_token] + [self.mask_token] * n_draft, pos, "all")
+
+    def _ensure_topk(self, k: int) -> bool:
+        """Attach the backend top-k sampler with at least ``k`` (and TOP_K) candidates per row.
+
+        Returns False when the backend cannot run it (remembered: the host path from then on).
+        """
+        if self._topk is None:
+            return False
+        if self._topk < k:
+            k = min(max(k, TOP_K), self.model.n_vocab)
+            if not native.topk_attach(self.ctx.ptr, k, self.block_size):
+                self._topk = None
+                return False
+            self._topk = k
+        return True
+
+    def _detach_topk(self) -> None:
+        """Detach the backend top-k sampler: the next block's full logits are copied to the host."""
+        if self._topk:
+            native.topk_attach(self.ctx.ptr, 0)
+            self._topk = 0
+
     def marginals(self, last_token: int, pos: int, n_draft: int) -> np.ndarray:
         """One pass over ``[last_token, MASK × n_draft]`` at ``pos ..``; logits ``[n_draft, n_vocab]``.
 
-        Row i is the drafter's marginal for the token at ``pos + 1 + i``.
+        Row i is the drafter's marginal for the token at ``pos + 1 + i``. The full logits
+        are copied to the host (the backend top-k sampler is detached first).
         Raises ValueError when ``n_draft`` exceeds block_size - 1.
         """
-        if not 0 < n_draft < self.block_size:
-            raise ValueError(f"n_draft must be in 1..{self.block_size - 1}, got {n_draft}")
-        self.ctx.truncate(pos)
-        # llama.cpp's dflash graph emits logits for every block row whatever the output
-        # flags (as upstream's common/speculative.cpp reads them): take all, drop row 0.
-        self.ctx.decode_tokens([last_token] + [self.mask_token] * n_draft, pos, "all")
+        self._check_n_draft(n_draft)
+        self._detach_topk()
+        self._decode_block(last_token, pos, n_draft)
         return self.ctx.logits(n_draft + 1)[1:]
 
+    def top_k(self, last_token: int, pos: int, n_draft: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One pass as ``marginals``; the ``k`` most likely tokens of each block position.
+
+        Returns ``cand`` int64 ``[n_draft, k]`` and ``logp`` float64 ``[n_draft, k]`` (log-softmax
+        over the full vocabulary), rows = block positions 1..n_draft, each sorted by descending
+        log-prob. Computed on the drafter's backend (only k ids + k log-probs per row reach the
+        host); on a backend that cannot run the ops, from ``marginals`` on the host.
+        Raises ValueError for ``k`` outside 1..n_vocab or ``n_draft`` outside 1..block_size-1.
+        """
+        if not 1 <= k <= self.model.n_vocab:
+            raise ValueError(f"k must be in 1..{self.model.n_vocab}, got {k}")
+        self._check_n_draft(n_draft)
+        if not self._ensure_topk(k):
+            return top_k_logprobs(self.marginals(last_token, pos, n_draft), k)
+        self._decode_block(last_token, pos, n_draft)
+        ids, logp = native.topk_get(self.ctx.ptr, 1, n_draft, self._topk)
+        return ids[:, :k].astype(np.int64), logp[:, :k].astype(np.float64)
+
     def draft_chain(self, last_token: int, pos: int, n_draft: int) -> list[int]:
-        """Greedy chain of ``n_draft`` tokens: the argmax of each block position's marginal."""
-        return [int(i) for i in np.argmax(self.marginals(last_token, pos, n_draft), axis=1)]
+        """Greedy chain of ``n_draft`` tokens: the most likely token of each block position (``top_k``, k = 1)."""
+        return [int(i) for i in self.top_k(last_token, pos, n_draft, 1)[0][:, 0]]
 
     def close(self) -> None:
+        """Free the context and model (idempotent)."""
+        if self.ctx.ptr:
+            self._detach_topk()  # llama.cpp keeps a pointer to the sampler
         self.ctx.close()
         self.model.close()

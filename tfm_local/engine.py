@@ -17,7 +17,7 @@ import numpy as np
 
 from .accept import walk_tree
 from .budget import AutoBudget, gain_curve
-from .drafter import DFlashDrafter
+from .drafter import DFlashDrafter, top_k_logprobs  # noqa: F401  (top_k_logprobs: re-exported)
 from .sampling import SamplingParams, TokenChooser
 from .stats import GenerationStats
 from .stops import StopMatcher
@@ -27,17 +27,6 @@ from .tokenizer import StreamDecoder, render_chat
 
 
 DEFAULT_TREE_BUDGET = 63
-
-
-def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` tokens of each row and their log-probabilities, sorted descending: ``[D, k]`` each."""
-    x = logits.astype(np.float64)
-    lse = x.max(1, keepdims=True)
-    lse = lse + np.log(np.exp(x - lse).sum(1, keepdims=True))
-    idx = np.argpartition(-x, k - 1, axis=1)[:, :k]
-    vals = np.take_along_axis(x, idx, 1)
-    order = np.argsort(-vals, axis=1, kind="stable")
-    return np.take_along_axis(idx, order, 1), np.take_along_axis(vals, order, 1) - lse
 
 
 class Engine:
@@ -266,8 +255,7 @@ class Engine:
         if self.tree_mode == "chain" and not with_curve:
             drafts = np.asarray(dft.draft_chain(last, pos, k), dtype=np.int64)
             return build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k), None
-        marg = dft.marginals(last, pos, depth)
-        cand, logp = top_k_logprobs(marg, 1 if self.tree_mode == "chain" else self.tree_top_k)
+        cand, logp = dft.top_k(last, pos, depth, 1 if self.tree_mode == "chain" else self.tree_top_k)
         if self.tree_mode == "wide":
             tree = build_wide(last, cand, logp, k_plan, width=self.tree_width)
         else:

@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 2
+API_VERSION = 3
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -25,6 +25,8 @@ const int32_t * tfm_model_target_layers(const void * model, uint32_t * n);
 int32_t tfm_model_selector_top_k(const void * model);
 bool tfm_tree_set(void * ctx, const int32_t * parents, uint32_t n_nodes);
 bool tfm_tree_commit(void * ctx, const int32_t * keep, uint32_t n_keep);
+int32_t tfm_topk_attach(void * ctx, int32_t k, int32_t n_rows);
+int32_t tfm_topk_get(void * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids, float * logp);
 """
 
 
@@ -115,3 +117,36 @@ def tree_commit(ctx, keep) -> None:
     arr = np.ascontiguousarray(keep, dtype=np.int32)
     if not h.tfm_tree_commit(ffi.cast("void *", _ptr(ctx)), ffi.from_buffer("int32_t[]", arr), arr.shape[0]):
         raise NativeError(f"tree commit failed for nodes {list(arr)}")
+
+
+def topk_attach(ctx, k: int, n_rows: int = 1) -> bool:
+    """Attach (``k`` >= 1) or detach (``k`` = 0) the backend top-k sampler on sequence 0 of ``ctx``.
+
+    While attached, every output row of a token batch (at most ``n_rows`` of them) yields its
+    ``k`` most likely tokens and their log-probabilities (log-softmax over the full
+    vocabulary), computed in the ggml graph on the logits' device; the raw logits are no
+    longer copied to the host. Returns True when attached, False when the backend cannot run
+    the ops (nothing attached). Raises ValueError for ``k`` outside 0..n_vocab or ``n_rows`` < 1.
+    """
+    ffi, h = lib()
+    rc = h.tfm_topk_attach(ffi.cast("void *", _ptr(ctx)), int(k), int(n_rows))
+    if rc < 0:
+        raise ValueError(f"top-k must be in 0..n_vocab and n_rows >= 1, got k={k}, n_rows={n_rows}")
+    return rc > 0
+
+
+def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of the last batch's rows ``i0 .. i0+n-1``: ids int32 ``[n, k]`` and log-probs float32 ``[n, k]``,
+    each row sorted by descending log-prob (ties by ascending id).
+
+    ``k`` must be the attached sampler's. Raises NativeError when no sampler with this ``k`` is
+    attached or a row has no result (not an output row, or another batch was decoded since).
+    """
+    ffi, h = lib()
+    ids = np.empty((n, k), dtype=np.int32)
+    logp = np.empty((n, k), dtype=np.float32)
+    got = h.tfm_topk_get(ffi.cast("void *", _ptr(ctx)), int(i0), int(n), int(k),
+                         ffi.from_buffer("int32_t[]", ids), ffi.from_buffer("float[]", logp))
+    if got != k:
+        raise NativeError(f"no backend top-{k} result for rows {i0}..{i0 + n - 1} (got {got})")
+    return ids, logp

@@ -46,6 +46,24 @@ LLAMA_API bool tfm_tree_set(struct llama_context * ctx, const int32_t * parents,
 // decoding the path alone would have stored. Clears tree mode. Returns false on a bad index.
 LLAMA_API bool tfm_tree_commit(struct llama_context * ctx, const int32_t * keep, uint32_t n_keep);
 
+// Backend top-k log-probabilities (sequence 0; meant for the DFlash drafter's block rows).
+// Attach to ctx a backend sampler that, for every output row of the following token batches,
+// computes inside the ggml graph (on the device that holds the logits) the full-vocabulary
+// log-softmax and the k most likely tokens, so only k ids + k floats per row reach the host;
+// the raw logits of sequence 0 are then no longer copied. A batch may have at most n_rows
+// output rows (patch 0004 raises llama.cpp's per-sequence limit, 1 by default, to n_rows).
+// k = 0 detaches (raw logits again). Changing k re-attaches (a scheduler reserve at the next
+// decode). Returns 1 when attached, 0 when the backend cannot run the ops (nothing attached:
+// use the host path), -1 for k outside 0..n_vocab or n_rows < 1.
+LLAMA_API int32_t tfm_topk_attach(struct llama_context * ctx, int32_t k, int32_t n_rows);
+
+// After a token batch decoded with the top-k sampler attached: the top-k of batch rows
+// i0 .. i0+n-1 (every row must have been an output), each row sorted by descending log-prob
+// (ties by ascending id). ids / logp receive n*k values, row-major; k must be the attached
+// sampler's. Returns k, or -1 when no sampler with this k is attached or a row has no result.
+LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n, int32_t k,
+                               int32_t * ids, float * logp);
+
 #ifdef __cplusplus
 }
 #endif
