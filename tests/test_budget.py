@@ -82,13 +82,14 @@ def test_auto_budget_first_plain_then_probe_then_backs_off():
     auto.costs.known = lambda n: False
     assert auto.choose(15) == 0  # nothing measured: a plain step first
     auto.costs.known = lambda n: True
-    assert auto.choose(15) == 4  # first probe
+    assert auto.choose(15) == 1 and auto.probing  # first probe, one token deep
     weak = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
     auto.observe_spec(5, 0.35, 0.03, weak, 4, 0)
     gaps, since = [], 0
     for _ in range(1000):
         b = auto.choose(15)
         since += 1
+        assert auto.probing == (b > 0)
         if b:
             gaps.append(since)
             since = 0
@@ -102,7 +103,7 @@ def test_auto_budget_goes_speculative_when_it_pays_and_calibrates():
     strong = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
     auto.observe_spec(16, 0.005, 0.001, strong, 15, 3)
     assert auto.ratio == pytest.approx(3 / strong[14])
-    assert auto.choose(15) == 15
+    assert auto.choose(15) == 15 and not auto.probing
     assert auto.choose(7) == 7
 
 
@@ -159,6 +160,7 @@ def test_engine_auto_lossless_and_follows_the_cost_model(pair, tree):
         ids = plain.prompt_tokens(PROMPT)
         ref = list(plain.generate_ids(ids, 60, plain_sp()))
         assert e.auto is not None
+        fixed_draft_time(e.auto, 0.03)
         e.auto.costs = LinearCosts(0.035, 0.06)  # CPU-like: the random drafter never pays
         assert list(e.generate_ids(ids, 60, plain_sp())) == ref
         assert e.stats.n_spec_steps <= 3 and e.stats.n_steps >= 50
@@ -166,11 +168,23 @@ def test_engine_auto_lossless_and_follows_the_cost_model(pair, tree):
         e.drafter = ScriptMarginals(real, len(ids), ref)
         try:
             e.auto.costs = LinearCosts(0.004, 0.00002)  # GPU-like, and drafts that are always right
+            fixed_draft_time(e.auto, 0.001)
             e.auto.accepted = e.auto.predicted = 0.0
             assert list(e.generate_ids(ids, 60, plain_sp())) == ref
         finally:
             e.drafter = real
         assert e.stats.n_spec_steps >= e.stats.n_steps - 3 and e.stats.tau > 4
+
+
+def fixed_draft_time(auto: AutoBudget, seconds: float) -> None:
+    """Make the chooser see a stated drafting time (measured times vary with the machine's load)."""
+    real = auto.observe_spec
+
+    def observe(n_nodes, verify_s, draft_s, curve, budget, accepted):
+        real(n_nodes, verify_s, seconds, curve, budget, accepted)
+        auto.draft_s = seconds
+
+    auto.observe_spec = observe
 
 
 def plain_sp():
@@ -189,6 +203,10 @@ def test_set_budget_auto_keeps_measurements_and_rejects_other_strings(pair):
         assert e.auto is None and e.active_drafter is None
         e.set_budget("auto")
         assert e.auto is state and e.budget == e.drafter.block_size - 1
+        e.set_draft("ddtree", "auto")
+        assert e.auto is not state and e.auto.costs is state.costs  # own statistics, shared pass costs
+        e.set_draft("chain", "auto")
+        assert e.auto is state
         with pytest.raises(ValueError, match="auto"):
             e.set_budget("fast")
     with Engine(target, None, n_ctx=128) as p:

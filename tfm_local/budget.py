@@ -22,8 +22,9 @@ costs. Per step, with a budget of B drafted tokens:
 
 When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
-follow the text; a probe costs at most one short speculative step. The
-choice never changes the output: every step is verified losslessly.
+follow the text. A probe drafts only as deep as its budget (``probing``), so
+it costs one short drafter pass and one short verification. The choice never
+changes the output: every step is verified losslessly.
 """
 from __future__ import annotations
 
@@ -114,11 +115,14 @@ class AutoBudget:
 
     Args:
         first_probe: budget of the first speculative step, before any statistics.
+    Attributes:
+        probing: the last ``choose`` returned a probe (the engine then drafts
+            only ``B`` deep instead of computing the whole gain curve).
         probe_min / probe_max: plain steps between probes (doubling while plain keeps winning).
         alpha: weight of a new sample in the running means.
     """
 
-    first_probe: int = 4
+    first_probe: int = 1
     probe_min: int = 8
     probe_max: int = 256
     alpha: float = 0.2
@@ -127,6 +131,7 @@ class AutoBudget:
     curve: np.ndarray | None = None
     accepted: float = 0.0
     predicted: float = 0.0
+    probing: bool = False
     _since_probe: int = 0
     _probe_every: int = 8
 
@@ -139,9 +144,11 @@ class AutoBudget:
 
     def choose(self, k_max: int) -> int:
         """Budget for the next step, at most ``k_max`` (0 = plain decoding)."""
+        self.probing = False
         if k_max < 1 or not self.costs.known(1):
             return 0  # the first step measures a plain pass
         if self.curve is None or self.draft_s is None:
+            self.probing = True
             return min(self.first_probe, k_max)
         b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max)
         if b > 0:
@@ -151,6 +158,7 @@ class AutoBudget:
         if self._since_probe <= self._probe_every:
             return 0
         self._since_probe, self._probe_every = 0, min(2 * self._probe_every, self.probe_max)
+        self.probing = True
         return best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max,
                            speculative_only=True)
 

@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from .accept import walk_tree
-from .budget import AutoBudget, gain_curve
+from .budget import AutoBudget, PassCosts, gain_curve
 from .drafter import DFlashDrafter, top_k_logprobs  # noqa: F401  (top_k_logprobs: re-exported)
 from .sampling import SamplingParams, TokenChooser
 from .stats import GenerationStats
@@ -72,7 +72,8 @@ class Engine:
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.budget = 0
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
-        self._auto_state = AutoBudget()      # its measurements, kept across set_budget calls
+        self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
+        self._auto_states: dict[str, AutoBudget] = {}  # per draft shape, kept across set_budget calls
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
@@ -89,7 +90,7 @@ class Engine:
             if budget != "auto":
                 raise ValueError(f"budget must be an integer >= 0, None or 'auto', got {budget!r}")
             self.set_budget(None)
-            self.auto = self._auto_state if self.drafter is not None else None
+            self.auto = self._auto_for(self.tree_mode) if self.drafter is not None else None
             return
         self.auto = None
         if self.drafter is None:
@@ -121,6 +122,13 @@ class Engine:
         except ValueError:
             self.tree_mode = old
             raise
+
+    def _auto_for(self, shape: str) -> AutoBudget:
+        """The auto-budget state of a draft shape (gain curves and draft times differ by shape;
+        the target's pass costs are shared)."""
+        if shape not in self._auto_states:
+            self._auto_states[shape] = AutoBudget(costs=self._pass_costs)
+        return self._auto_states[shape]
 
     @property
     def active_drafter(self) -> DFlashDrafter | None:
@@ -211,7 +219,9 @@ class Engine:
         auto = self.auto if dft is not None else None
         k = auto.choose(k_max) if auto is not None else k_max
         t0 = time.perf_counter()
-        tree, curve = self._draft(dft, last, pos, k, k_max, auto is not None) if dft is not None and k > 0 else (None, None)
+        k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
+        drafting = dft is not None and k > 0
+        tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None) if drafting else (None, None)
         t1 = time.perf_counter()
         if tree is not None and self.tree_mode != "chain":
             logits = tgt.verify_tree(tree.tokens, tree.depth, tree.parents)
