@@ -1,0 +1,497 @@
+"""tfm-serve as a client sees it: a real server process on loopback, the official ``openai`` client, httpx.
+
+The server runs ``python -m tfm_local.cli.serve`` on tiny synthetic GGUFs (a
+random qwen2 target with a ChatML template, tests/synth.py, and a random
+DFlash drafter). Answers at temperature 0 are compared with an Engine run in
+this process on the same files: the HTTP layer must not change a token.
+"""
+import json
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from synth import write_tiny_target  # noqa: E402
+
+from tfm_local.engine import Engine  # noqa: E402
+
+MODEL = "tiny"
+N_CTX = 2048  # long enough that a full-context answer outlasts a client's disconnect
+RSS_GROWTH_BOUND_MB = 50
+CHAT_PROMPTS = ["hello", "the quick brown fox", "def hello(): return 42", "a small model for a small test"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from tfm_convert.pipeline import init_random
+
+    d = tmp_path_factory.mktemp("serve")
+    target = write_tiny_target(d / "target.gguf", n_layer=3)
+    drafter, _ = init_random(target, d / "drafter.gguf", seed=4)
+    return target, drafter
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A tfm-serve subprocess on a free loopback port; ``stop()`` ends it."""
+
+    def __init__(self, models, log_path, *extra):
+        target, drafter = models
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--drafter", str(drafter),
+             "--n-ctx", str(N_CTX), "--port", str(self.port), "--model-name", MODEL, "--log-level", "warning",
+             *extra], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited: {self.log_text()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"server did not come up: {self.log_text()}")
+
+    def log_text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5).json()
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    def wait_idle(self, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h = self.health()
+            if not h["busy"]:
+                return h
+            time.sleep(0.05)
+        raise AssertionError("server still busy")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    s = Server(models, tmp_path_factory.mktemp("log") / "server.log")
+    yield s
+    s.stop()
+    assert "Traceback" not in s.log_text(), s.log_text()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    target, drafter = models
+    e = Engine(target, drafter, n_ctx=N_CTX)
+    yield e
+    e.close()
+
+
+def chat_msgs(text: str) -> list[dict]:
+    return [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+
+
+def post(server, path: str, **kw) -> httpx.Response:
+    return httpx.post(server.url + path, timeout=60, **kw)
+
+
+# -- basics ------------------------------------------------------------------------------
+def test_health_and_models(server, client):
+    assert server.health()["status"] == "ok"
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
+
+
+def test_chat_matches_engine(client, engine):
+    texts = []
+    for p in CHAT_PROMPTS:
+        r = client.chat.completions.create(model=MODEL, messages=chat_msgs(p), max_tokens=24, temperature=0)
+        want = engine.generate(chat_msgs(p), max_tokens=24, temperature=0)
+        choice = r.choices[0]
+        assert choice.message.role == "assistant"
+        assert choice.message.content == want
+        assert choice.finish_reason == engine.stats.finish_reason
+        assert r.usage.prompt_tokens == len(engine.prompt_tokens(chat_msgs(p)))
+        assert r.usage.completion_tokens == engine.stats.n_generated
+        texts.append(want)
+    assert any(texts), "every reference answer is empty: the comparison would prove nothing"
+
+
+def test_completion_matches_engine_and_usage(client, engine):
+    r = client.completions.create(model=MODEL, prompt="hello world", max_tokens=40, temperature=0)
+    want = engine.generate("hello world", max_tokens=40, temperature=0)
+    assert want and r.choices[0].text == want
+    assert r.choices[0].finish_reason == engine.stats.finish_reason == "length"
+    u = r.usage
+    assert u.prompt_tokens == len(engine.prompt_tokens("hello world"))
+    assert u.completion_tokens == 40 and u.total_tokens == u.prompt_tokens + 40
+    tfm = u.model_extra["tfm"]
+    assert {"tau", "tokens_per_s", "prefill_s", "draft_s", "verify_s", "budget", "tree"} <= set(tfm)
+    assert tfm["budget"] == "auto" and tfm["tau"] >= 1.0 and tfm["tokens_per_s"] > 0
+
+
+def test_completion_default_max_tokens_is_16(client):
+    r = client.completions.create(model=MODEL, prompt="hello", temperature=0)
+    assert r.usage.completion_tokens == 16
+
+
+def test_chat_streaming_equals_non_streaming(client):
+    for p in CHAT_PROMPTS[:2]:
+        full = client.chat.completions.create(model=MODEL, messages=chat_msgs(p), max_completion_tokens=30,
+                                              temperature=0)
+        chunks = list(client.chat.completions.create(model=MODEL, messages=chat_msgs(p), max_completion_tokens=30,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == full.choices[0].message.content
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finishes == [full.choices[0].finish_reason]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+        assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completion_streaming_raw_sse(server, client):
+    """The wire format: ``data: {json}`` events, a finish chunk, ``data: [DONE]`` last; no usage unless asked."""
+    body = {"model": MODEL, "prompt": "hello world", "max_tokens": 12, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all("usage" not in e for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    full = client.completions.create(model=MODEL, prompt="hello world", max_tokens=12, temperature=0)
+    assert "".join(e["choices"][0]["text"] for e in events) == full.choices[0].text
+
+
+def test_stop_strings(client, engine):
+    full = engine.generate("hello world", max_tokens=40, temperature=0)
+    assert len(full) > 8
+    stop = full[4:6]
+    want = full[:full.index(stop)]
+    r = client.completions.create(model=MODEL, prompt="hello world", max_tokens=40, temperature=0, stop=stop)
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model=MODEL, prompt="hello world", max_tokens=40, temperature=0,
+                                  stop=["\x00never", stop], stream=True)
+    parts = list(r)
+    assert "".join(c.choices[0].text for c in parts) == want
+    assert parts[-1].choices[0].finish_reason == "stop"
+
+
+def test_sampling_is_seeded(client):
+    kw = dict(model=MODEL, prompt="the quick", max_tokens=16, temperature=1.0, top_p=0.9, seed=7)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text
+    greedy = client.completions.create(model=MODEL, prompt="the quick", max_tokens=16, temperature=0)
+    nucleus0 = client.completions.create(model=MODEL, prompt="the quick", max_tokens=16, temperature=1.0, top_p=0)
+    assert nucleus0.choices[0].text == greedy.choices[0].text
+
+
+# -- errors ------------------------------------------------------------------------------
+def assert_error(r: httpx.Response, status: int, param=None, code=None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+
+
+@pytest.mark.parametrize("raw", [b"{", b"", b"[1, 2]", b"null", b'{"model": "tiny", "messages": [}', b"\xff\xfe"])
+def test_malformed_json(server, raw):
+    assert_error(post(server, "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"}),
+                 400, code="invalid_json")
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT, "max_tokens": "5"}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 2.5}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, "temperature"),
+    ("/v1/chat/completions", {**CHAT, "temperature": 2.5}, "temperature"),
+    ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, "top_p"),
+    ("/v1/chat/completions", {**CHAT, "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {**CHAT, "stop": [1]}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "seed": "x"}, "seed"),
+    ("/v1/chat/completions", {**CHAT, "messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": CHAT["messages"]}, "model"),
+    ("/v1/completions", {**COMPLETION, "prompt": 5}, "prompt"),
+    ("/v1/completions", {"model": MODEL}, "prompt"),
+    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+])
+def test_wrong_field_types(server, path, body, param):
+    assert_error(post(server, path, json=body), 400, param=param)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_non_positive_max_tokens(server, field, value):
+    assert_error(post(server, "/v1/chat/completions", json={**CHAT, field: value}), 400, param=field)
+
+
+@pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
+def test_max_tokens_beyond_the_context(server, path, base):
+    for value in (N_CTX, 10 ** 9):
+        assert_error(post(server, path, json={**base, "max_tokens": value}), 400, param="max_tokens",
+                     code="context_length_exceeded")
+    assert post(server, path, json={**base, "max_tokens": 8}).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_over_the_context(server, stream):
+    long = "hello world " * N_CTX
+    assert_error(post(server, "/v1/completions", json={**COMPLETION, "prompt": long, "stream": stream}), 400,
+                 param="prompt", code="context_length_exceeded")
+    msgs = [{"role": "user", "content": long}]
+    assert_error(post(server, "/v1/chat/completions", json={**CHAT, "messages": msgs, "stream": stream}), 400,
+                 param="messages", code="context_length_exceeded")
+
+
+def test_unknown_model(server, client):
+    assert_error(post(server, "/v1/chat/completions", json={**CHAT, "model": "gpt-4o"}), 404, param="model",
+                 code="model_not_found")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+
+
+def test_empty_messages_and_bad_roles(server, client):
+    assert_error(post(server, "/v1/chat/completions", json={**CHAT, "messages": []}), 400, param="messages")
+    bad = [{"role": "robot", "content": "x"}]
+    assert_error(post(server, "/v1/chat/completions", json={**CHAT, "messages": bad}), 400,
+                 param="messages[0].role")
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "x"}], max_tokens=2)
+
+
+@pytest.mark.parametrize("field,value", [("n", 2), ("logprobs", True), ("presence_penalty", 0.5),
+                                         ("response_format", {"type": "json_object"})])
+def test_unsupported_parameters_are_refused(server, field, value):
+    assert_error(post(server, "/v1/chat/completions", json={**CHAT, field: value}), 400, param=field,
+                 code="unsupported_parameter")
+    assert post(server, "/v1/chat/completions", json={**CHAT, "n": 1, "presence_penalty": 0.0}).status_code == 200
+
+
+def test_empty_prompt(server):
+    assert_error(post(server, "/v1/completions", json={**COMPLETION, "prompt": ""}), 400, param="prompt")
+
+
+def test_unknown_path_and_method(server):
+    assert_error(httpx.get(server.url + "/v1/nothing", timeout=10), 404)
+    assert_error(httpx.get(server.url + "/v1/chat/completions", timeout=10), 405)
+
+
+def test_server_keeps_serving_after_errors(server, client, engine):
+    for raw in (b"{", b"[]"):
+        post(server, "/v1/completions", content=raw)
+    r = client.completions.create(model=MODEL, prompt="hello world", max_tokens=10, temperature=0)
+    assert r.choices[0].text == engine.generate("hello world", max_tokens=10, temperature=0)
+
+
+# -- load --------------------------------------------------------------------------------
+def test_200_requests_in_a_row_without_memory_growth(server, client):
+    def one(i: int) -> None:
+        p = CHAT_PROMPTS[i % len(CHAT_PROMPTS)]
+        if i % 4 == 0:
+            r = client.chat.completions.create(model=MODEL, messages=chat_msgs(p), max_tokens=6, temperature=0)
+            assert r.choices[0].finish_reason in ("stop", "length")
+        elif i % 4 == 1:
+            r = client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0.8, seed=i)
+            assert r.usage.completion_tokens == 6
+        elif i % 4 == 2:
+            chunks = list(client.chat.completions.create(model=MODEL, messages=chat_msgs(p), max_tokens=6,
+                                                         temperature=0, stream=True))
+            assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        else:
+            chunks = list(client.completions.create(model=MODEL, prompt=p, max_tokens=6, stream=True))  # sampled
+            assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+    for i in range(20):  # warm-up: allocator pools, pydantic and template caches
+        one(i)
+    before = server.rss_kb()
+    for i in range(200):
+        one(i)
+    growth_mb = (server.rss_kb() - before) / 1024
+    print(f"server RSS {before / 1024:.1f} MB, growth over 200 requests {growth_mb:+.1f} MB")
+    assert growth_mb < RSS_GROWTH_BOUND_MB, f"server RSS grew by {growth_mb:.1f} MB over 200 requests"
+
+
+def test_8_concurrent_clients(server, engine):
+    """Eight clients at once: all succeed, and every answer is the one a lone request gets (no interleaving)."""
+    want = {p: engine.generate(chat_msgs(p), max_tokens=16, temperature=0) for p in CHAT_PROMPTS}
+
+    def worker(k: int) -> list[str]:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        errors = []
+        for j in range(4):
+            p = CHAT_PROMPTS[(k + j) % len(CHAT_PROMPTS)]
+            if (k + j) % 2:
+                got = c.chat.completions.create(model=MODEL, messages=chat_msgs(p), max_tokens=16,
+                                                temperature=0).choices[0].message.content
+            else:
+                got = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+                    model=MODEL, messages=chat_msgs(p), max_tokens=16, temperature=0, stream=True))
+            if got != want[p]:
+                errors.append(f"client {k} request {j}: {got!r} != {want[p]!r}")
+        return errors
+
+    with ThreadPoolExecutor(8) as pool:
+        errors = [e for errs in pool.map(worker, range(8)) for e in errs]
+    assert not errors, errors
+    assert not server.wait_idle()["busy"]
+
+
+# -- clients that go away ----------------------------------------------------------------
+LONG = {"model": MODEL, "prompt": "hello", "max_tokens": N_CTX - 8, "temperature": 0, "stream": True}
+
+KILLED_CLIENT = textwrap.dedent("""
+    import sys, time, httpx
+    body = {body}
+    with httpx.stream("POST", sys.argv[1] + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                print("started", flush=True)
+                time.sleep(60)
+""")
+
+
+def check_serves_correctly(server, client, engine):
+    r = client.chat.completions.create(model=MODEL, messages=chat_msgs("hello"), max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == engine.generate(chat_msgs("hello"), max_tokens=20, temperature=0)
+
+
+def test_client_killed_mid_stream(server, client, engine):
+    before = server.wait_idle()["cancelled"]
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT.format(body=repr(LONG)), server.url],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "started"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert server.wait_idle()["cancelled"] == before + 1
+    check_serves_correctly(server, client, engine)
+
+
+def test_stream_closed_early(server, client, engine):
+    before = server.wait_idle()["cancelled"]
+    with httpx.stream("POST", server.url + "/v1/completions", json=LONG, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+    assert server.wait_idle()["cancelled"] == before + 1
+    check_serves_correctly(server, client, engine)
+
+
+def test_non_streaming_client_timeout_cancels(server, client, engine):
+    before = server.wait_idle()["cancelled"]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", json={**LONG, "stream": False}, timeout=0.2)
+    assert server.wait_idle()["cancelled"] == before + 1
+    check_serves_correctly(server, client, engine)
+
+
+def test_queued_requests_survive_a_cancelled_stream_in_arrival_order(server, client, engine):
+    """A stream is dropped while two requests wait behind it: both then succeed, first come first served."""
+    results, order = {}, []
+
+    def call(name, prompt):
+        results[name] = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12,
+                                                  temperature=0).choices[0].text
+        order.append(name)
+
+    with httpx.stream("POST", server.url + "/v1/completions", json=LONG, timeout=60) as r:
+        lines = r.iter_lines()  # kept: closing this iterator would close the connection
+        next(line for line in lines if line.startswith("data: "))
+        threads = []
+        for name, prompt in (("a", "hello"), ("b", "the quick")):
+            threads.append(threading.Thread(target=call, args=(name, prompt)))
+            threads[-1].start()
+            time.sleep(0.15)
+        assert server.health()["busy"]
+    for t in threads:
+        t.join(60)
+    assert results == {"a": engine.generate("hello", max_tokens=12, temperature=0),
+                       "b": engine.generate("the quick", max_tokens=12, temperature=0)}
+    assert order == ["a", "b"]
+
+
+# -- API key -----------------------------------------------------------------------------
+def test_api_key(models, tmp_path):
+    s = Server(models, tmp_path / "keyed.log", "--api-key", "sekret")
+    try:
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # probes need no key
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
+                               401, code="invalid_api_key")
+            assert "sekret" not in err["message"]
+        assert_error(httpx.post(s.url + "/v1/completions", content=b"{", timeout=10), 401)  # before the body
+        assert_error(httpx.get(s.url + "/v1/models", timeout=10), 401)
+        good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
+        assert good.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
+        bad = openai.OpenAI(base_url=s.url + "/v1", api_key="guess", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+    finally:
+        s.stop()
+
+
+def test_cli_errors(models, server):
+    target, drafter = models
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--port", "70000"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--port" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--port",
+                        str(server.port)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", "/no/such.gguf"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr

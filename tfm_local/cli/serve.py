@@ -1,0 +1,78 @@
+"""tfm-serve: an OpenAI-compatible HTTP API (chat and text completions) on a local GGUF target.
+
+The model loads before the server binds, so ``GET /health`` answers only once
+requests can be served. Requests are served one at a time in arrival order.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from .common import add_engine_args, engine_from_args, fail
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tfm-serve", description="Serve a local GGUF model through an "
+                                 "OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models), "
+                                 "decoded speculatively with a DFlash drafter.")
+    add_engine_args(ap)
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    ap.add_argument("--api-key", default=os.environ.get("TFM_API_KEY") or None,
+                    help="require 'Authorization: Bearer KEY' on /v1 (default: $TFM_API_KEY, else no key)")
+    ap.add_argument("--model-name", default=None,
+                    help="model id reported by /v1/models and expected in requests (default: the target file's stem)")
+    ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                    help="server log level (default info: one line per request)")
+    return ap.parse_args(argv)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0 = any free port), ready for uvicorn to listen on.
+
+    Bound before the model loads, so a taken port fails at once. Raises OSError.
+    """
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        fail(f"--port must be in 0..65535, got {args.port}")
+    if args.model_name is not None and not args.model_name.strip():
+        fail("--model-name must not be empty")
+    import uvicorn
+
+    from ..server import create_app
+
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    engine = engine_from_args(args)
+    name = args.model_name or engine.target.model.path.stem
+    app = create_app(engine, name, api_key=args.api_key)
+    host, port = sock.getsockname()[:2]
+    print(f"tfm-serve: {name} on http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
+          f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if not app.state.service.runner.busy:  # else a worker thread may still be in a step: leave it to exit
+            engine.close()  # idempotent; the app's shutdown normally closed it already
+
+
+if __name__ == "__main__":
+    main()

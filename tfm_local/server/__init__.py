@@ -1,0 +1,10 @@
+"""tfm-serve: an OpenAI-compatible HTTP server on one speculative Engine.
+
+``create_app(engine, model_name, api_key=None)`` builds the FastAPI app
+(app.py: routes; schemas.py: request bodies; errors.py: OpenAI error
+bodies; stream.py: one generation at a time, worker threads, SSE). The
+command line is ``tfm_local/cli/serve.py``.
+"""
+from .app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,290 @@
+"""The OpenAI-compatible HTTP API on one speculative Engine (FastAPI routes).
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+``POST /v1/chat/completions`` and ``POST /v1/completions``, streamed as
+server-sent events (``stream: true``, ending with ``data: [DONE]``) or not.
+Every request is checked before it queues for the Engine (model id, fields,
+prompt length against the context), so bad requests are 4xx JSON errors
+even when streaming; generations then run one at a time (stream.py).
+
+``usage`` carries OpenAI's three counts and ``tfm``: the speculative
+decoding statistics of the generation (τ, tokens/s, time split, the draft
+budget mode). ``completion_tokens`` counts every token the target emitted,
+an end-of-generation token included.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from ..stats import GenerationStats
+from .errors import APIError, install_handlers, validation_error
+from .schemas import ROLES, ChatRequest, CompletionRequest
+from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
+
+
+class BearerAuth:
+    """ASGI middleware: paths under ``/v1`` need ``Authorization: Bearer <api_key>``, else a 401 error body.
+
+    It runs before the body is read, so a wrong key is a 401 whatever the body holds.
+    """
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                what = "provided" if given else "missing"
+                err = APIError(401, f"Incorrect API key {what}: send 'Authorization: Bearer <key>' with the key "
+                               "the server was started with (--api-key).", code="invalid_api_key")
+                await err.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class Service:
+    """What the routes share: the runner, the model id and the context size.
+
+    Args:
+        engine: a loaded Engine (closed by the app's shutdown).
+        model_name: the id reported by /v1/models and required in requests.
+    """
+
+    def __init__(self, engine, model_name: str):
+        self.runner = EngineRunner(engine)
+        self.model_name = model_name
+        self.n_ctx = engine.target.n_ctx
+        self.created = int(time.time())
+        self.budget = "auto" if engine.auto is not None else engine.budget
+        self.tree = engine.tree_mode if engine.active_drafter is not None or engine.auto is not None else "plain"
+
+    # -- checks made before a request queues --------------------------------------------
+    def check_model(self, model: str) -> None:
+        """Raise a 404 unless ``model`` is the served id."""
+        if model != self.model_name:
+            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}' "
+                           "(GET /v1/models).", param="model", code="model_not_found")
+
+    @staticmethod
+    def check_supported(req) -> None:
+        """Raise a 400 for a field whose value this server cannot honour (n > 1, logprobs, tools...)."""
+        name = req.unsupported()
+        if name is not None:
+            raise APIError(400, f"'{name}' is not supported by this server; leave it out.", param=name,
+                           code="unsupported_parameter")
+
+    @staticmethod
+    def chat_messages(req: ChatRequest) -> list[dict]:
+        """The request's messages as ``{"role", "content"}`` dicts for the chat template.
+
+        Raises a 400 for no messages or an unknown role ("developer" becomes "system").
+        """
+        if not req.messages:
+            raise APIError(400, "'messages' must hold at least one message.", param="messages", code="empty_array")
+        out = []
+        for i, m in enumerate(req.messages):
+            if m.role not in ROLES:
+                raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; supported roles are "
+                               f"{', '.join(ROLES)}.", param=f"messages[{i}].role", code="invalid_value")
+            out.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
+        return out
+
+    @staticmethod
+    def completion_prompt(req: CompletionRequest) -> str:
+        """The prompt string (a list must hold exactly one string)."""
+        if isinstance(req.prompt, str):
+            return req.prompt
+        if len(req.prompt) != 1:
+            raise APIError(400, "'prompt' must be a string or a list of exactly one string "
+                           "(one completion per request).", param="prompt", code="invalid_value")
+        return req.prompt[0]
+
+    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str, field: str) -> int:
+        """The max_tokens to generate: ``limit``, or the rest of the context when None.
+
+        Raises a 400 (code context_length_exceeded) when the prompt does not fit, or when the prompt
+        plus ``limit`` tokens would exceed the context; a 400 when the template rejects the messages.
+        """
+        try:
+            n_prompt = len(await self.runner.prompt_tokens(prompt))
+        except ValueError as e:  # ChatTemplateError
+            raise APIError(400, str(e), param=param, code="invalid_value") from None
+        if n_prompt == 0:
+            raise APIError(400, f"The {param} hold no tokens; send some text.", param=param, code="invalid_value")
+        if n_prompt + 1 > self.n_ctx:
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; the {param} take "
+                           f"{n_prompt} tokens (and at least 1 must be left to generate). Shorten them.",
+                           param=param, code="context_length_exceeded")
+        if limit is None:
+            return self.n_ctx - n_prompt
+        if n_prompt + limit > self.n_ctx:
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; you requested "
+                           f"{n_prompt + limit} tokens ({n_prompt} in the {param}, {limit} in '{field}'). "
+                           f"Lower '{field}' to at most {self.n_ctx - n_prompt} or shorten the {param}.",
+                           param=field, code="context_length_exceeded")
+        return limit
+
+    # -- responses ----------------------------------------------------------------------
+    def usage(self, stats: GenerationStats) -> dict:
+        """OpenAI usage counts plus ``tfm``: τ, tokens/s, seconds (prefill, draft, verify, total), budget."""
+        return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
+                "total_tokens": stats.n_prompt + stats.n_generated,
+                "tfm": {"tau": round(stats.tau, 4), "tokens_per_s": round(stats.tokens_per_s, 2),
+                        "prefill_s": round(stats.t_prefill, 6), "draft_s": round(stats.t_draft, 6),
+                        "verify_s": round(stats.t_verify, 6), "total_s": round(stats.t_total, 6),
+                        "drafted_tokens": stats.n_drafted, "verify_passes": stats.n_steps,
+                        "budget": self.budget, "tree": self.tree}}
+
+    async def run(self, request: Request, prompt, max_tokens: int, kwargs: dict) -> tuple[str, GenerationStats] | None:
+        """A whole generation → (text, stats); None when the client went away (the generation is stopped)."""
+        parts: list[str] = []
+        async with self.runner.generation(prompt, max_tokens, **kwargs) as gen:
+            async for piece in gen:
+                parts.append(piece)
+                if await request.is_disconnected():
+                    return None
+        return "".join(parts), gen.stats
+
+
+async def parse_body(request: Request, model: type[BaseModel]):
+    """The request body validated as ``model`` (JSON whatever the Content-Type says).
+
+    Raises APIError 400 for malformed JSON, a non-object body, missing fields or wrong types.
+    """
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine`` as model ``model_name``.
+
+    ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``. The app closes
+    the Engine at shutdown (after the running generation ends).
+    """
+    svc = Service(engine, model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await svc.runner.aclose()
+
+    app = FastAPI(title="tfm-serve", description="OpenAI-compatible API on a speculative llama.cpp engine",
+                  lifespan=lifespan)
+    app.state.service = svc
+    install_handlers(app)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+
+    def model_card() -> dict:
+        return {"id": svc.model_name, "object": "model", "created": svc.created, "owned_by": "tfm-local",
+                "context_length": svc.n_ctx}
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness and counters: status, model, busy (a generation runs or waits), finished and
+        cancelled generations since start (no API key needed)."""
+        r = svc.runner
+        return {"status": "ok", "model": svc.model_name, "busy": r.busy, "finished": r.n_finished,
+                "cancelled": r.n_cancelled}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        """The one served model."""
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict:
+        """The served model's card; 404 for any other id."""
+        svc.check_model(model)
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        """Chat completion with the target's chat template; streamed when ``stream`` is true."""
+        req = await parse_body(request, ChatRequest)
+        svc.check_model(req.model)
+        svc.check_supported(req)
+        messages = svc.chat_messages(req)
+        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages", field)
+        kwargs = req.sampling_kwargs()
+        cid, created = _new_id("chatcmpl"), int(time.time())
+
+        def chunk(delta: dict, finish: str | None) -> dict:
+            c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": svc.model_name,
+                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            if req.include_usage():
+                c["usage"] = None
+            return c
+
+        if req.stream:
+            async def chunks():
+                async with svc.runner.generation(messages, max_tokens, **kwargs) as gen:
+                    yield chunk({"role": "assistant", "content": ""}, None)
+                    async for piece in gen:
+                        yield chunk({"content": piece}, None)
+                yield chunk({}, gen.stats.finish_reason)
+                if req.include_usage():
+                    yield {**chunk({}, None), "choices": [], "usage": svc.usage(gen.stats)}
+            return ClosingEventSourceResponse(sse_body(chunks()))
+
+        done = await svc.run(request, messages, max_tokens, kwargs)
+        if done is None:
+            return JSONResponse({}, status_code=499)  # nobody is listening
+        text, stats = done
+        return {"id": cid, "object": "chat.completion", "created": created, "model": svc.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                             "logprobs": None, "finish_reason": stats.finish_reason}],
+                "usage": svc.usage(stats)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        """Text completion of a raw prompt (no chat template); streamed when ``stream`` is true."""
+        req = await parse_body(request, CompletionRequest)
+        svc.check_model(req.model)
+        svc.check_supported(req)
+        prompt = svc.completion_prompt(req)
+        max_tokens = await svc.token_budget(prompt, req.token_limit(), "prompt", "max_tokens")
+        kwargs = req.sampling_kwargs()
+        cid, created = _new_id("cmpl"), int(time.time())
+
+        def chunk(text: str, finish: str | None) -> dict:
+            c = {"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
+                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            if req.include_usage():
+                c["usage"] = None
+            return c
+
+        if req.stream:
+            async def chunks():
+                async with svc.runner.generation(prompt, max_tokens, **kwargs) as gen:
+                    async for piece in gen:
+                        yield chunk(piece, None)
+                yield chunk("", gen.stats.finish_reason)
+                if req.include_usage():
+                    yield {**chunk("", None), "choices": [], "usage": svc.usage(gen.stats)}
+            return ClosingEventSourceResponse(sse_body(chunks()))
+
+        done = await svc.run(request, prompt, max_tokens, kwargs)
+        if done is None:
+            return JSONResponse({}, status_code=499)
+        text, stats = done
+        return {"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": stats.finish_reason}],
+                "usage": svc.usage(stats)}
+
+    return app

@@ -1,0 +1,122 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic models, strict types).
+
+Only the fields the engine can honour are declared; other OpenAI fields are
+accepted and ignored (clients send many), except the few in
+``UNSUPPORTED`` whose non-default values would change the answer's meaning
+(several choices, log-probabilities, tools, penalties): those are refused
+with a 400 rather than silently dropped.
+
+Types are strict: ``"max_tokens": "5"`` or ``1.5`` is a 400, not a coercion.
+Ranges follow OpenAI (temperature 0..2, top_p 0..1). ``top_k`` and ``min_p``
+are extensions, as in llama.cpp's and vLLM's servers.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Chat roles a request may use; "developer" (OpenAI's newer name) is rendered as "system".
+ROLES = ("system", "developer", "user", "assistant")
+
+#: Field → the values that mean "off" (None always does); any other value is refused as unsupported.
+UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],),
+               "tool_choice": ("none",), "frequency_penalty": (0,), "presence_penalty": (0,), "best_of": (1,),
+               "echo": (False,), "suffix": ("",), "logit_bias": ({},), "response_format": ({"type": "text"},)}
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    """One ``{"type": "text", "text": ...}`` part of a message's content."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """One chat message; ``content`` is a string or a list of text parts (images are refused)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: str
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined without separator; None → "")."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class _Sampling(BaseModel):
+    """Fields shared by chat and text completions."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def include_usage(self) -> bool:
+        """True when a streamed answer ends with a usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def unsupported(self) -> str | None:
+        """Name of the first field set to a value this server cannot honour, else None."""
+        extra = self.model_extra or {}
+        for name, off in UNSUPPORTED.items():
+            value = extra.get(name)
+            if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
+                                             for v in off):
+                return name
+        return None
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``Engine.generate``: temperature, top_p, top_k, min_p, seed, stop.
+
+        top_p = 0 keeps only the most likely token, i.e. greedy decoding. A
+        negative seed is mapped into the unsigned 64-bit range numpy accepts.
+        """
+        temperature = 1.0 if self.temperature is None else self.temperature
+        top_p = 1.0 if self.top_p is None else self.top_p
+        if top_p == 0:
+            temperature, top_p = 0.0, 1.0
+        seed = None if self.seed is None else self.seed % (1 << 64)
+        return dict(temperature=temperature, top_p=top_p, top_k=self.top_k or 0, min_p=self.min_p or 0.0,
+                    seed=seed, stop=self.stop)
+
+
+class ChatRequest(_Sampling):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` is OpenAI's newer name for ``max_tokens``."""
+
+    messages: list[Message]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+    def token_limit(self) -> int | None:
+        """max_completion_tokens, else max_tokens, else None (up to the end of the context)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: ``prompt`` is a string or a list holding one string."""
+
+    prompt: Union[str, list[str]]
+
+    def token_limit(self) -> int:
+        """max_tokens, else OpenAI's default of 16 for text completions."""
+        return 16 if self.max_tokens is None else self.max_tokens
