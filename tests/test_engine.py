@@ -232,6 +232,11 @@ def test_bad_arguments(engine):
         engine.generate("x", max_tokens=0)
     with pytest.raises(ValueError):
         engine.generate("x", temperature=-1)
+    with pytest.raises(ValueError, match="empty"):
+        list(engine.generate_ids([], 4, SamplingParams()))
+    if engine.tok.bos < 0 or not engine.tok.encode("", add_special=True):
+        with pytest.raises(ValueError, match="empty"):
+            engine.generate("", max_tokens=4)
 
 
 def test_closed_engine_and_tiny_contexts(models):

@@ -150,7 +150,8 @@ class Engine:
 
         Returns the text, or with ``stream=True`` an iterator of text pieces.
         ``self.stats`` holds the statistics of the last generation.
-        Raises ContextOverflowError (before any work) when the prompt does not fit.
+        Raises ContextOverflowError (before any work) when the prompt does not fit, ValueError
+        for an empty prompt or bad arguments.
         """
         if self.target is None:
             raise RuntimeError("this Engine is closed")
@@ -160,6 +161,8 @@ class Engine:
             raise ValueError("stop must be a string or a list of strings")
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
         ids = self.prompt_tokens(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens): give some text or a message")
         self.target.check_fits(len(ids))
         stops = [stop] if isinstance(stop, str) else stop
         it = self._text_stream(ids, max_tokens, sp, stops)
@@ -192,6 +195,8 @@ class Engine:
     def _token_stream(self, prompt_ids: list[int], max_tokens: int, sp: SamplingParams) -> Iterator[int]:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt is empty (no tokens)")
         st = self.stats = GenerationStats(n_prompt=len(prompt_ids), finish_reason="length")
         t0 = time.perf_counter()
         choose = TokenChooser(sp)
