@@ -23,7 +23,7 @@ from .stats import GenerationStats
 from .stops import StopMatcher
 from .target import Target
 from .tree import BUILDERS, Tree, build_chain, build_wide
-from .tokenizer import StreamDecoder, render_chat
+from .tokenizer import StreamDecoder, encode_chat
 
 
 DEFAULT_TREE_BUDGET = 63
@@ -136,12 +136,12 @@ class Engine:
         return self.drafter if self.budget > 0 else None
 
     def prompt_tokens(self, prompt: str | list[dict]) -> list[int]:
-        """Token ids of a raw prompt string, or of chat ``messages`` rendered with the target's template."""
+        """Token ids of a raw prompt string (special-token text parsed), or of chat ``messages``
+        rendered with the target's template (``encode_chat``: control-token text typed inside a
+        message stays plain text)."""
         if isinstance(prompt, str):
             return self.tok.encode(prompt, add_special=True)
-        text = render_chat(self.target.model, self.tok, list(prompt))
-        bos = self.tok.piece(self.tok.bos).decode("utf-8", "replace") if self.tok.bos >= 0 else None
-        return self.tok.encode(text, add_special=not (bos and text.startswith(bos)))
+        return encode_chat(self.target.model, self.tok, list(prompt))
 
     def generate(self, prompt: str | list[dict], max_tokens: int = 256, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int | None = None,

@@ -3,11 +3,17 @@
 Tokenization and pieces come from llama.cpp (llama_tokenize /
 llama_token_to_piece); chat templates are rendered with Jinja2's sandbox, as
 Hugging Face tokenizers do, from the ``tokenizer.chat_template`` GGUF key.
+``encode_chat`` tokenizes a rendered conversation so that the template's own
+markers become control tokens while the same text typed inside a message
+stays plain text.
 """
 from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
+import re
+import secrets
 from datetime import date
 
 import jinja2
@@ -68,6 +74,22 @@ class Tokenizer:
         """The vocabulary entry of ``token`` as stored in the GGUF."""
         return lc.llama_vocab_get_text(self.vocab, token) or b""
 
+    @functools.cached_property
+    def control_pattern(self) -> re.Pattern | None:
+        """Regex matching the text of any control token (``<|im_end|>`` ...), or None when there are none.
+
+        These are the tokens that ``encode(..., parse_special=True)`` turns text
+        into (llama.cpp: CONTROL and UNKNOWN attributes; USER_DEFINED tokens are
+        always parsed). Longest texts first, so the longest token wins.
+        """
+        mask = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN
+        texts = {self.token_text(t).decode("utf-8", "replace") for t in range(self.n_vocab)
+                 if lc.llama_vocab_get_attr(self.vocab, t) & mask}
+        texts.discard("")
+        if not texts:
+            return None
+        return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+
 
 class StreamDecoder:
     """Incremental detokenizer: feed token ids, get text pieces that are whole UTF-8."""
@@ -107,3 +129,56 @@ def render_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generati
             eos_token=tok.piece(tok.eos).decode("utf-8", "replace") if tok.eos >= 0 else "")
     except jinja2.exceptions.TemplateError as e:
         raise ChatTemplateError(f"chat template error: {e}") from e
+
+
+def _swap_strings(content, fn):
+    """``content`` with ``fn`` applied to its text: a string, or OpenAI-style parts ``[{"text": ...}]``."""
+    if isinstance(content, str):
+        return fn(content)
+    if isinstance(content, list):
+        return [{**p, "text": fn(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+                for p in content]
+    return content
+
+
+def _hide_control_text(messages: list[dict], pattern: re.Pattern, nonce: str) -> tuple[list[dict], list[str]]:
+    """Messages whose contents have every control-token text replaced by a placeholder
+    (U+E000, ``nonce.i``, U+E001: private-use characters), and the texts replaced, in order."""
+    typed: list[str] = []
+
+    def placeholder(m: re.Match) -> str:
+        typed.append(m.group(0))
+        return f"\ue000{nonce}.{len(typed) - 1}\ue001"
+
+    out = [{**m, "content": _swap_strings(m["content"], lambda text: pattern.sub(placeholder, text))}
+           if isinstance(m, dict) and "content" in m else m for m in messages]
+    return out, typed
+
+
+def encode_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` rendered with the model's chat template (``render_chat``).
+
+    The template's own markers become control tokens, but control-token text
+    inside a message's content (a user typing ``<|im_end|>``) is tokenized
+    as plain text, so a message cannot end its turn or open another. Each such
+    occurrence is swapped for a unique placeholder before rendering; the
+    rendered text is cut at the placeholders, the template's parts are
+    tokenized with special-token parsing and the typed text without (so the
+    tokens either side of it may split where plain tokenization would not).
+    A conversation without control-token text gets exactly ``tok.encode(rendered)``.
+    BOS is added when the model asks for it, unless the template wrote it.
+    """
+    typed: list[str] = []
+    nonce = secrets.token_hex(6)
+    if tok.control_pattern is not None:
+        messages, typed = _hide_control_text(messages, tok.control_pattern, nonce)
+    text = render_chat(model, tok, messages, add_generation_prompt)
+    bos = tok.piece(tok.bos).decode("utf-8", "replace") if tok.bos >= 0 else None
+    parts = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", text) if typed else [text]
+    ids = tok.encode(parts[0], add_special=not (bos and text.startswith(bos)))
+    for i, part in enumerate(parts[1:]):  # placeholder index, template text, index, text, ...
+        if i % 2 == 0:
+            ids += tok.encode(typed[int(part)], add_special=False, parse_special=False)
+        elif part:
+            ids += tok.encode(part, add_special=False)
+    return ids

@@ -1,15 +1,47 @@
-"""tfm-chat: terminal chat with speculative decoding on a GGUF target."""
+"""tfm-chat: terminal chat with speculative decoding on a GGUF target.
+
+The whole conversation is kept and rendered with the target's chat template
+at every turn. A line starting with ``/`` is a command (``HELP``); ``//``
+sends a line that starts with ``/``. Answers go to stdout; the stats line,
+command replies and errors to stderr.
+
+Ctrl-C during an answer stops it at the next token (the engine is never cut
+inside a decoding step, so the next turn starts clean). The partial answer,
+as shown, stays in the conversation; when nothing was shown yet the question
+is dropped too. A second Ctrl-C during the same answer quits at once. Ctrl-C
+or Ctrl-D at an empty prompt exits (status 0).
+
+With stdin a terminal, lines are read with prompt_toolkit (editing and
+history); otherwise each line of stdin is one turn or command, read plainly.
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
+import signal
 import sys
+from typing import Iterator
 
-from .common import add_engine_args, add_sampling_args, engine_from_args, fail, sampling_kwargs
+from .common import (add_engine_args, add_sampling_args, budget_arg, engine_from_args, fail,
+                     sampling_kwargs)
+
+HELP = """commands:
+  /reset             clear the conversation (the system prompt stays)
+  /stats             the last answer's stats and the session totals
+  /temp [X]          set the temperature (X >= 0; 0 = greedy), or show it
+  /budget [auto|N]   draft tokens verified per step (auto, or N >= 0; 0 = plain), or show it
+  /system [TEXT|-]   set the system prompt (clears the conversation), - removes it; alone: show it
+  /help              this list
+  /exit, /quit       leave (also Ctrl-D, or Ctrl-C at an empty prompt)
+Ctrl-C during an answer stops it; the part shown stays in the conversation.
+A line starting with // is sent as a message starting with /."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="tfm-chat", description="Chat with a local GGUF model, decoded speculatively "
-                                 "with a DFlash drafter (output identical to plain decoding).")
+                                 "with a DFlash drafter (output identical to plain decoding).",
+                                 epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(ap)
     add_sampling_args(ap)
     ap.add_argument("--prompt", help="answer this one message and exit (non-interactive)")
@@ -19,59 +51,259 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def answer(engine, messages: list[dict], args) -> str:
-    """Stream one answer to stdout; Ctrl-C stops it early. Returns the text produced."""
-    parts = []
+def info(msg: str) -> None:
+    """A message for the user that is not part of an answer (stderr)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+class StopOnCtrlC:
+    """SIGINT handling for the time of one answer (a context manager).
+
+    The first Ctrl-C sets ``requested``: the answer loop stops at the next
+    piece of text, so the engine is only ever stopped between decoding steps.
+    A second Ctrl-C raises KeyboardInterrupt at once (quit). The previous
+    handler is restored on exit.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "StopOnCtrlC":
+        self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def answer(engine, messages: list[dict], args) -> tuple[str, bool]:
+    """Stream one answer to stdout. Returns (the text shown, whether Ctrl-C stopped it).
+
+    Raises ValueError (before any output) when the conversation does not fit the context.
+    """
+    parts, stopped = [], False
+    stream = engine.generate(messages, max_tokens=args.max_tokens, stream=True, **sampling_kwargs(args))
     try:
-        for piece in engine.generate(messages, max_tokens=args.max_tokens, stream=True, **sampling_kwargs(args)):
-            parts.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        engine.stats.finish_reason = "interrupted"
+        with StopOnCtrlC() as ctrl_c:
+            for piece in stream:
+                if ctrl_c.requested:
+                    stopped = True
+                    break
+                parts.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    finally:
+        stream.close()  # ends the generator at a token boundary; the next generate starts afresh
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    if stopped:
+        engine.stats.finish_reason = "interrupted"
+        info("(answer stopped)")
     if not args.no_stats:
-        print(f"[{engine.stats.summary()}]", file=sys.stderr)
-    return "".join(parts)
+        info(f"[{engine.stats.summary()}]")
+    return "".join(parts), stopped
+
+
+def add_stats(total, stats) -> None:
+    """Add the counters and times of one generation's stats to ``total`` (both GenerationStats)."""
+    for f in dataclasses.fields(stats):
+        if f.name != "finish_reason":
+            setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+
+
+class Chat:
+    """A conversation with the engine: history, system prompt, settings and stats, driven by lines."""
+
+    def __init__(self, engine, args):
+        from ..stats import GenerationStats
+
+        self.engine, self.args = engine, args
+        self.system: str | None = args.system
+        self.history: list[dict] = []
+        self.last = None                    # GenerationStats of the last answer
+        self.total = GenerationStats()      # summed over the session's answers
+        self.n_answers = 0
+        self.commands = {"/reset": self.cmd_reset, "/stats": self.cmd_stats, "/temp": self.cmd_temp,
+                         "/budget": self.cmd_budget, "/system": self.cmd_system, "/help": self.cmd_help,
+                         "/exit": self.cmd_exit, "/quit": self.cmd_exit}
+
+    def messages(self) -> list[dict]:
+        """The conversation as chat messages, system prompt first."""
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def handle(self, line: str) -> bool:
+        """Act on one input line (a command or a message). Returns False when the chat should end."""
+        text = line.strip()
+        if not text:
+            return True
+        if text.startswith("//"):
+            return self.send(line.lstrip()[1:])
+        if text.startswith("/"):
+            name, _, arg = text.partition(" ")
+            cmd = self.commands.get(name)
+            if cmd is None:
+                info(f"unknown command {name}; /help lists the commands (// sends a line starting with /)")
+                return True
+            return cmd(arg.strip()) is not False
+        return self.send(line)
+
+    def send(self, text: str) -> bool:
+        """Send one user message and stream the answer into the conversation."""
+        from ..target import ContextOverflowError
+
+        self.history.append({"role": "user", "content": text})
+        try:
+            reply, stopped = answer(self.engine, self.messages(), self.args)
+        except ContextOverflowError as e:
+            self.history.pop()
+            info(f"error: {e}\n(/reset starts a new conversation)")
+            return True
+        except ValueError as e:  # e.g. the chat template rejects the conversation
+            self.history.pop()
+            info(f"error: {e}")
+            return True
+        if stopped and not reply:
+            self.history.pop()  # nothing was shown: as if the question had not been asked
+        else:
+            self.history.append({"role": "assistant", "content": reply})
+        self.last = self.engine.stats
+        add_stats(self.total, self.last)
+        self.n_answers += 1
+        return True
+
+    # -- commands: each takes the text after the command name ----------------------------
+    def cmd_reset(self, arg: str) -> None:
+        """/reset: clear the conversation; the system prompt stays."""
+        if arg:
+            return info("usage: /reset")
+        self.history.clear()
+        info("(conversation cleared)")
+
+    def cmd_stats(self, arg: str) -> None:
+        """/stats: the last answer's stats line and the session totals (τ, tok/s, tokens)."""
+        if arg:
+            return info("usage: /stats")
+        if self.last is None:
+            return info("no answers yet")
+        t, n = self.total, self.n_answers
+        info(f"last answer: [{self.last.summary()}]\n"
+             f"session: {n} answer{'s' * (n != 1)}  τ={t.tau:.2f}  {t.tokens_per_s:.1f} tok/s  {t.n_generated} tokens")
+
+    def cmd_temp(self, arg: str) -> None:
+        """/temp [X]: set the sampling temperature (a finite number >= 0), or show it."""
+        if not arg:
+            return info(f"temperature {self.args.temperature:g}")
+        try:
+            value = float(arg)
+        except ValueError:
+            value = math.nan
+        if not (value >= 0 and math.isfinite(value)):
+            return info(f"error: temperature must be a number >= 0, got {arg!r}")
+        self.args.temperature = value
+        info(f"(temperature {value:g}{', greedy' if value == 0 else ''})")
+
+    def cmd_budget(self, arg: str) -> None:
+        """/budget [auto|N]: set the draft budget (Engine.set_budget), or show it."""
+        eng = self.engine
+        if arg:
+            try:
+                value = budget_arg(arg)
+            except argparse.ArgumentTypeError as e:
+                return info(f"error: {e}")
+            if eng.drafter is None:
+                return info("no drafter loaded (started with --no-draft or --budget 0): plain decoding only")
+            eng.set_budget(value)
+            if value != "auto" and eng.budget < value:
+                return info(f"(budget {eng.budget}: the most this drafter and draft shape allow)")
+        info(f"(budget {'auto' if eng.auto is not None else eng.budget}, {eng.tree_mode})"
+             if eng.drafter is not None else "(plain decoding: no drafter loaded)")
+
+    def cmd_system(self, arg: str) -> None:
+        """/system [TEXT|-]: set or remove the system prompt (clearing the conversation), or show it."""
+        if not arg:
+            return info(f"system prompt: {self.system!r}" if self.system else "no system prompt")
+        self.system = None if arg == "-" else arg
+        self.history.clear()
+        info("(system prompt removed; conversation cleared)" if self.system is None
+             else "(system prompt set; conversation cleared)")
+
+    def cmd_help(self, arg: str) -> None:
+        """/help: the list of commands."""
+        info(HELP)
+
+    def cmd_exit(self, arg: str) -> bool:
+        """/exit, /quit: end the chat."""
+        return False
+
+
+def prompt_session():
+    """A prompt_toolkit session with line editing and in-memory history. Ctrl-C clears a
+    non-empty line and ends the input (EOFError) on an empty one, like Ctrl-D."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.key_binding import KeyBindings
+    from prompt_toolkit.output import create_output
+
+    keys = KeyBindings()
+
+    @keys.add("c-c")
+    def _ctrl_c(event) -> None:
+        buf = event.app.current_buffer
+        if buf.text:
+            buf.reset()
+        else:
+            event.app.exit(exception=EOFError, style="class:exiting")
+
+    # stdout redirected to a file: draw the prompt on the terminal of stderr, keeping its escape codes
+    # out of the file
+    redirect = not sys.stdout.isatty() and sys.stderr.isatty()
+    return PromptSession(key_bindings=keys, output=create_output(stdout=sys.stderr) if redirect else None)
+
+
+def tty_lines(session) -> Iterator[str]:
+    """Lines typed at ``session``'s prompt, until Ctrl-D or Ctrl-C at an empty prompt."""
+    while True:
+        try:
+            yield session.prompt("> ")
+        except (EOFError, KeyboardInterrupt):
+            return
+
+
+def piped_lines() -> Iterator[str]:
+    """Lines of a non-terminal stdin, without their line ending, until EOF."""
+    for line in sys.stdin:
+        yield line.rstrip("\r\n")
 
 
 def interactive(engine, args) -> None:
-    """Multi-turn chat with line editing and history; /reset clears the conversation, /quit exits."""
-    from prompt_toolkit import PromptSession
-
-    session = PromptSession()
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    history: list[dict] = []
-    print("tfm-chat — /reset clears the conversation, /quit or Ctrl-D exits.", file=sys.stderr)
-    while True:
-        try:
-            line = session.prompt("> ")
-        except KeyboardInterrupt:
-            continue
-        except EOFError:
-            return
-        if not line.strip():
-            continue
-        if line.strip() in ("/quit", "/exit"):
-            return
-        if line.strip() == "/reset":
-            history.clear()
-            print("(conversation cleared)", file=sys.stderr)
-            continue
-        history.append({"role": "user", "content": line})
-        try:
-            reply = answer(engine, system + history, args)
-        except ValueError as e:  # the conversation outgrew the context
-            history.pop()
-            print(f"error: {e}\n(type /reset to start a new conversation)", file=sys.stderr)
-            continue
-        history.append({"role": "assistant", "content": reply})
+    """Multi-turn chat until /exit, EOF or Ctrl-C at the prompt (or a second Ctrl-C during an answer)."""
+    tty = sys.stdin.isatty()
+    if tty:
+        info("tfm-chat — /help lists the commands, Ctrl-D exits.")
+    chat = Chat(engine, args)
+    try:
+        for line in (tty_lines(prompt_session()) if tty else piped_lines()):
+            if not chat.handle(line):
+                return
+    except KeyboardInterrupt:  # outside an answer's first Ctrl-C: the user wants to leave
+        return
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def run(args) -> None:
+    """Build the engine, then answer ``--prompt`` or chat; errors end the program with a message."""
+    from ..sampling import SamplingParams
+
     if args.max_tokens < 1:
         fail("--max-tokens must be >= 1")
+    try:
+        SamplingParams(**sampling_kwargs(args))
+    except ValueError as e:
+        fail(str(e))
     engine = engine_from_args(args)
     try:
         if args.prompt is not None:
@@ -79,12 +311,21 @@ def main(argv=None) -> None:
             answer(engine, msgs + [{"role": "user", "content": args.prompt}], args)
         else:
             interactive(engine, args)
-    except ValueError as e:  # prompt over the context, bad sampling values
+    except ValueError as e:  # prompt over the context
         fail(str(e))
     except BrokenPipeError:  # e.g. `tfm-chat ... | head`
         sys.stderr.close()
     finally:
         engine.close()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except KeyboardInterrupt:  # while loading, or a second Ctrl-C during a --prompt answer
+        info("(interrupted)")
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
