@@ -495,3 +495,11 @@ def test_cli_errors(models, server):
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", "/no/such.gguf"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_empty_api_key_is_refused(models):
+    """``--api-key ""`` (e.g. an unset variable) must not silently serve without a key."""
+    target, _ = models
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--api-key", " "],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--api-key" in r.stderr and "Traceback" not in r.stderr

@@ -51,6 +51,8 @@ def main(argv=None) -> None:
         fail(f"--port must be in 0..65535, got {args.port}")
     if args.model_name is not None and not args.model_name.strip():
         fail("--model-name must not be empty")
+    if args.api_key is not None and not args.api_key.strip():
+        fail("--api-key is empty (an unset variable?): give a key, or leave the option out to serve without one")
     import uvicorn
 
     from ..server import create_app
@@ -68,6 +70,8 @@ def main(argv=None) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
+        pass
     finally:
         sock.close()
         if not app.state.service.runner.busy:  # else a worker thread may still be in a step: leave it to exit
