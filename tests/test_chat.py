@@ -6,19 +6,14 @@ import sys
 
 import pytest
 
-from synth import write_tiny_target
 
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tfm_convert.pipeline import init_random
-
-    d = tmp_path_factory.mktemp("chat")
-    target = write_tiny_target(d / "t.gguf", n_layer=3)
-    drafter, _ = init_random(target, d / "d.gguf", seed=4)
-    return target, drafter
+def pair(tiny_pair):
+    """The shared tiny (target, drafter) pair (conftest.tiny_pair)."""
+    return tiny_pair
 
 
 def chat_cmd(pair, *extra):

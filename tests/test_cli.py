@@ -6,17 +6,12 @@ import sys
 
 import pytest
 
-from synth import write_tiny_target
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tfm_convert.pipeline import init_random
-
-    d = tmp_path_factory.mktemp("cli")
-    target = write_tiny_target(d / "t.gguf", n_layer=3)
-    drafter, _ = init_random(target, d / "d.gguf", seed=4)
-    return target, drafter
+def pair(tiny_pair):
+    """The shared tiny (target, drafter) pair (conftest.tiny_pair)."""
+    return tiny_pair
 
 
 def run(*args, **kw):

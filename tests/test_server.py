@@ -20,7 +20,6 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from synth import write_tiny_target  # noqa: E402
 
 from tfm_local.engine import Engine  # noqa: E402
 
@@ -31,13 +30,9 @@ CHAT_PROMPTS = ["hello", "the quick brown fox", "def hello(): return 42", "a sma
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from tfm_convert.pipeline import init_random
-
-    d = tmp_path_factory.mktemp("serve")
-    target = write_tiny_target(d / "target.gguf", n_layer=3)
-    drafter, _ = init_random(target, d / "drafter.gguf", seed=4)
-    return target, drafter
+def models(tiny_pair):
+    """The shared tiny (target, drafter) pair (conftest.tiny_pair)."""
+    return tiny_pair
 
 
 def free_port() -> int:
