@@ -80,10 +80,14 @@ def gain_curve(path_logp: np.ndarray, length: int) -> np.ndarray:
             (pop) order, root excluded, so that the first B nodes form the
             budget-B tree. Shorter than ``length``: the curve stays flat.
     """
-    g = np.cumsum(np.exp(np.asarray(path_logp, dtype=np.float64)))[:length]
-    if len(g) < length:
-        g = np.concatenate([g, np.full(length - len(g), g[-1] if len(g) else 0.0)])
-    return g
+    return _extend(np.cumsum(np.exp(np.asarray(path_logp, dtype=np.float64)))[:length], length)
+
+
+def _extend(curve: np.ndarray, n: int) -> np.ndarray:
+    """``curve`` (a gain curve: non-decreasing) continued flat to length ``n`` (0 when empty); longer is kept."""
+    if len(curve) >= n:
+        return curve
+    return np.concatenate([curve, np.full(n - len(curve), curve[-1] if len(curve) else 0.0)])
 
 
 def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: float, k_max: int,
@@ -179,13 +183,11 @@ class AutoBudget:
         self.predicted = (1 - a) * self.predicted + a * pred if self.predicted else pred
 
     def _curve(self, k_max: int) -> np.ndarray:
-        c = self.curve
-        return c[:k_max] if len(c) >= k_max else np.concatenate([c, np.full(k_max - len(c), c[-1])])
+        return _extend(self.curve[:k_max], k_max)
 
     @staticmethod
     def _blend(old: np.ndarray | None, new: np.ndarray, a: float) -> np.ndarray:
         if old is None:
             return np.asarray(new, dtype=np.float64).copy()
         n = max(len(old), len(new))
-        pad = lambda c: np.concatenate([c, np.full(n - len(c), c[-1])]) if len(c) < n else c  # noqa: E731
-        return (1 - a) * pad(old) + a * pad(np.asarray(new, dtype=np.float64))
+        return (1 - a) * _extend(old, n) + a * _extend(np.asarray(new, dtype=np.float64), n)

@@ -262,10 +262,9 @@ class Engine:
 
         ``with_curve`` (auto budget): the tree is first built for ``k_plan`` ≥ k
         nodes to get the gain curve ``[k_plan]`` (budget.gain_curve), then cut
-        to its first ``k`` nodes; otherwise the curve is None. The caller bounds
-        ``k_plan`` by the room in the context (every node takes a KV cell).
+        to its first ``k`` nodes; otherwise ``k_plan == k`` and the curve is None.
+        The caller bounds ``k_plan`` by the room in the context (every node takes a KV cell).
         """
-        k_plan = k_plan if with_curve else k
         depth = min(dft.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
         if self.tree_mode == "chain" and not with_curve:
             drafts = np.asarray(dft.draft_chain(last, pos, k), dtype=np.int64)
