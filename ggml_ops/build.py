@@ -175,8 +175,8 @@ def build_wheel(key: str) -> Path:
         return wheels[0]
     t0 = time.time()
     root = prepare_source()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "scikit-build-core[pyproject]>=0.9.2",
-                    "cmake>=3.21", "ninja"], check=True)
+    _pip_install_missing(sys.executable, {"scikit_build_core": "scikit-build-core>=0.9.2",
+                                          "cmake": "cmake>=3.21", "ninja": "ninja"})
     env = dict(os.environ)
     env["CMAKE_ARGS"] = " ".join(cmake_args())
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = os.environ.get("TFM_BUILD_JOBS", str(os.cpu_count() or 2))
@@ -196,6 +196,19 @@ def build_wheel(key: str) -> Path:
     return out / built.name
 
 
+def _pip_install_missing(python: str, wanted: dict[str, str]) -> None:
+    """pip-install the requirements (values) whose module (keys) ``python`` cannot import.
+
+    Nothing is asked of the package index when all are present, so the build
+    also runs on a machine without one (e.g. the GPU machine, with the pinned
+    sdist already in the cache).
+    """
+    probe = "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))"
+    missing = subprocess.check_output([python, "-c", probe, *wanted], text=True).split()
+    if missing:
+        subprocess.run([python, "-m", "pip", "install", "-q", *(wanted[m] for m in missing)], check=True)
+
+
 def install(python: str, force: bool = False) -> None:
     """Install the patched wheel into the interpreter ``python`` unless already there."""
     key = build_key()
@@ -207,9 +220,9 @@ def install(python: str, force: bool = False) -> None:
     wheel = build_wheel(key)
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
                    check=True)
-    # numpy, typing-extensions, diskcache, jinja2: llama-cpp-python's own runtime needs.
-    subprocess.run([python, "-m", "pip", "install", "-q", "numpy", "typing-extensions", "diskcache",
-                    "jinja2"], check=True)
+    # llama-cpp-python's own runtime needs.
+    _pip_install_missing(python, {"numpy": "numpy", "typing_extensions": "typing-extensions",
+                                  "diskcache": "diskcache", "jinja2": "jinja2"})
     marker.write_text(key + "\n")
     print(f"[tfm-build] installed patched llama-cpp-python {key}", flush=True)
 
