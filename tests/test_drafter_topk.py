@@ -199,3 +199,30 @@ def test_reset_attaches_and_marginals_detach(pair):
     assert_same_top_k(marg, top_k_logprobs(marg, 4), got)
     dft.reset()
     assert dft._topk == TOP_K
+
+
+def test_deferred_rows_draft_like_eager_injection(paths):
+    """Rows queued by ``defer`` (the auto budget's plain steps), after a draft left its noise block,
+    give the same marginals as injecting each row at once; a rewind drops queued rows."""
+    tgt = Target(paths[0], n_ctx=256, n_batch=64, n_threads=1)
+    eager, lazy = (DFlashDrafter(paths[1], tgt, n_threads=1) for _ in range(2))
+    tgt.prefill(PROMPT, lambda s, n: [d.inject(tgt.features(slice(0, n), n), s) for d in (eager, lazy)])
+    last = int(PROMPT[-1])
+    lazy.marginals(last, tgt.n_past, 15)  # a noise block in the lazy drafter's cache
+    for tok in [5, 17, 240, 3]:  # four plain steps
+        pos = tgt.n_past
+        tgt.verify([last])
+        tgt.commit(1)
+        rows = tgt.features(slice(0, 1), 1)
+        eager.inject(rows, pos)
+        lazy.defer(rows, pos)
+        last = tok
+    assert lazy.n_injected == len(PROMPT) and len(lazy._pending) == 4
+    pos = tgt.n_past
+    np.testing.assert_array_equal(np.array(lazy.marginals(last, pos, 15)), np.array(eager.marginals(last, pos, 15)))
+    assert lazy.n_injected == eager.n_injected == pos and not lazy._pending
+    lazy.defer(rows, pos)
+    lazy.defer(rows, 3)  # a rewind: the queue (at pos) is flushed, the cache cut at 3
+    assert lazy.n_injected == 3 and len(lazy._pending) == 1
+    for d in (eager, lazy, tgt):
+        d.close()

@@ -13,6 +13,7 @@ from scipy import stats
 
 from tfm_local.drafter import DrafterMismatchError, top_k_logprobs
 from tfm_local.engine import Engine
+from tfm_local.llm import gpu_available
 from tfm_local.llm import LlamaError
 from tfm_local.sampling import SamplingParams
 from tfm_local.target import ContextOverflowError
@@ -108,7 +109,13 @@ def test_random_drafter_greedy_equals_plain(engine, plain):
 
 
 def test_sampling_same_seed_same_output(engine, plain):
-    """One uniform per emitted token: plain and speculative runs read the same random stream."""
+    """One uniform per emitted token: plain and speculative runs read the same random stream.
+
+    Bitwise equal sampled streams need bitwise equal logits from a one-row decode and a batched
+    verify: true of the CPU kernels, not of CUDA's (they differ by ~1e-2, so a uniform near a CDF
+    step can flip); there the distribution test below is the check."""
+    if gpu_available():
+        pytest.skip("CUDA's batched and one-row kernels differ numerically; see the distribution test")
     sp = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
     ref = run_ids(plain, PROMPTS[0], 48, sp)
     real = engine.drafter

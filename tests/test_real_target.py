@@ -2,8 +2,8 @@
 
 Speculative output at temperature 0 must equal plain greedy decoding token
 for token. A divergence is accepted only where the test shows it begins at a
-numerical near-tie: the target's two best logits (plain decoding of the
-same prefix) within ``TIE_GAP`` and the speculative token one of those two.
+numerical near-tie: the logits of both tokens, plain decoding's and the
+speculative one (from a prefill of the same prefix), within ``TIE_GAP`` of the best.
 Batched verification reorders float reductions (shared/DESIGN.md §3: Q4
 logits move by up to ~0.2), so a near-tie can flip; anything else is a bug.
 
@@ -43,11 +43,11 @@ def assert_equal_or_near_tie(plain, prompt_ids, ref, out):
     i = next((k for k in range(n) if ref[k] != out[k]), n)
     assert i < n, f"outputs differ in length only ({len(ref)} vs {len(out)})"
     logits = plain.target.prefill(prompt_ids + ref[:i]).astype(np.float64)
-    order = np.argsort(-logits)
-    gap = logits[order[0]] - logits[order[1]]
-    assert gap < TIE_GAP and out[i] in order[:2], (
-        f"divergence at token {i}: plain {ref[i]} vs speculative {out[i]}, top-2 logit gap {gap:.3f} "
-        f"(not a near-tie)")
+    best = logits.max()
+    gaps = best - logits[ref[i]], best - logits[out[i]]
+    assert max(gaps) < TIE_GAP, (
+        f"divergence at token {i}: plain {ref[i]} vs speculative {out[i]}, their logits {gaps[0]:.3f} and "
+        f"{gaps[1]:.3f} below the best (not a near-tie)")
 
 
 def greedy(engine, ids, n):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tfm_local.engine import Engine
+from tfm_local.llm import gpu_available
 from tfm_local.sampling import SamplingParams, target_probs
 from tfm_local.target import Target
 
@@ -46,14 +47,24 @@ def path_of(parents, node):
     return out[::-1]
 
 
+#: Logit tolerance relative to the largest logit. The CPU kernels for a batch and for one row agree
+#: to ~1e-3; on CUDA the batched matmuls take other (tensor-core) paths than single-row decoding and
+#: differed by up to ~0.7% on these tiny F32 targets (H200, 2026-11-29), so an argmax flip is then
+#: accepted only within a near-tie.
+REL_TOL = 1.5e-2 if gpu_available() else 2e-3
+
+
 def close(a, b):
+    if gpu_available():
+        return close_or_tie(a, b, rel=REL_TOL)
     scale = np.abs(b).max()
-    return np.allclose(a, b, atol=2e-3 * scale) and int(a.argmax()) == int(b.argmax())
+    return np.allclose(a, b, atol=REL_TOL * scale) and int(a.argmax()) == int(b.argmax())
 
 
-def close_or_tie(a, b, rel=5e-3):
-    """Like ``close`` with a looser tolerance; an argmax flip only within a near-tie of ``b``."""
-    atol = rel * np.abs(b).max()
+def close_or_tie(a, b, rel=None):
+    """Like ``close`` with a looser tolerance (default 5e-3, ``REL_TOL`` on CUDA); an argmax flip only
+    within a near-tie of ``b``."""
+    atol = (rel or max(REL_TOL, 5e-3)) * np.abs(b).max()
     top2 = np.sort(b)[-2:]
     return np.allclose(a, b, atol=atol) and (int(a.argmax()) == int(b.argmax()) or top2[1] - top2[0] < 2 * atol)
 

@@ -241,8 +241,8 @@ class Engine:
             tgt.commit(len(walk.path))
             n_nodes, rows = len(tokens), np.asarray(walk.path)
         t2 = time.perf_counter()
-        if dft is not None:
-            dft.inject(tgt.features(rows, n_nodes), pos)
+        if dft is not None:  # a plain step's row waits for the next draft (one batched pass)
+            (dft.inject if tree is not None else dft.defer)(tgt.features(rows, n_nodes), pos)
         t3 = time.perf_counter()
         st.t_draft += t1 - t0 + t3 - t2
         st.t_verify += t2 - t1
