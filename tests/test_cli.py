@@ -115,11 +115,11 @@ def test_bench_modes_table(bench_run):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["set", "mode", "budget", "prompts", "tokens", "tau", "tok/s", "speedup",
-                                "mismatches"]
+                                "mismatches", "(not", "ties)"]
     rows = {ln.split()[1]: ln.split() for ln in lines[1:]}
     assert set(rows) == {"plain", "chain", "ddtree@4", "auto"}
     assert rows["plain"][-2:] == ["1.00x", "-"] and rows["ddtree@4"][2] == "4" and rows["auto"][2] == "auto"
-    assert all(rows[m][-1] == "0" for m in ("chain", "ddtree@4", "auto"))
+    assert all(rows[m][-2:] == ["0", "(0)"] for m in ("chain", "ddtree@4", "auto"))
 
 
 def test_bench_modes_json(bench_run):

@@ -4,8 +4,10 @@ One engine is loaded once and switched between modes (``Engine.set_draft``);
 each prompt runs every mode back to back, so machine noise hits all modes
 alike. Generation is greedy with the target's chat template; every mode first runs
 once untimed on the first prompt (``--warmup-tokens``). Every
-speculative mode's output is compared with plain decoding's (mismatches are
-counted, not fatal: near-ties can flip with a different batch shape).
+speculative mode's output is compared with plain decoding's: mismatches are
+counted, not fatal (near-ties can flip with a different batch shape), and each
+is checked (``tfm_local.lossless``): the table's "(not ties)" counts those that do
+not start at a numerical near-tie, i.e. bugs, and a warning names them.
 Prints a table, writes JSON (per prompt and per set) and plots τ and tokens/s
 against the budget B per prompt set (PNG); ``--plot-only`` redraws the plot
 from a JSON file.
@@ -126,6 +128,22 @@ def mark_mismatches(runs: list[dict]) -> None:
         r["matches_plain"] = None if r["mode"] == "plain" or ref is None else r["output_ids"] == ref
 
 
+def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
+    """Set ``divergence`` (``tfm_local.lossless.classify`` as a dict) on every run that differs from
+    plain decoding: where it starts and whether it is a numerical near-tie. ``prompts`` maps
+    (set, prompt_id) to the Prompt. Each check is one prefill of the target."""
+    from dataclasses import asdict
+
+    from ..lossless import classify
+
+    plain = {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+    for r in runs:
+        if r.get("matches_plain") is False and "divergence" not in r:
+            key = (r["set"], r["prompt_id"])
+            ids = engine.prompt_tokens(prompts[key].messages)
+            r["divergence"] = asdict(classify(engine.target, ids, plain[key], r["output_ids"]))
+
+
 def aggregate(rows: list[dict]) -> dict:
     """Totals of a set of runs: τ = emitted / verify passes, tok/s = tokens / decode time,
     mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain)."""
@@ -140,7 +158,9 @@ def aggregate(rows: list[dict]) -> dict:
                 tokens_per_s=gen / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
                 t_verify=sum(r["t_verify"] for r in rows), t_decode=t, n_steps=steps, n_spec_steps=spec,
                 n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0,
-                mismatches=checked.count(False) if checked else None)
+                mismatches=checked.count(False) if checked else None,
+                not_near_ties=sum(1 for r in rows if r.get("divergence") and not r["divergence"]["near_tie"])
+                if checked else None)
 
 
 def summarize(runs: list[dict], set_name: str, modes: list[Mode]) -> list[dict]:
@@ -207,8 +227,14 @@ def main(argv=None) -> None:
             print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         mark_mismatches(runs)
+        classify_mismatches(engine, runs, {(name, p.id): p for p in prompts})
         table += summarize(runs, name, modes)
     print_table(table)
+    bad = [f"{r['set']}/{r['prompt_id']} {r['mode']}" for r in runs
+           if r.get("divergence") and not r["divergence"]["near_tie"]]
+    if bad:
+        print(f"warning: {len(bad)} output(s) differ from plain decoding without a near-tie: "
+              + ", ".join(bad), file=sys.stderr)
     write_json(args, table, runs, engine, argv)
     engine.close()
     if png:
@@ -246,12 +272,12 @@ def print_table(table: list[dict]) -> None:
     add_speedups(table)
     w = max([len("mode")] + [len(r["mode"]) for r in table])
     print(f"{'set':<10} {'mode':<{w}} {'budget':>6} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} "
-          f"{'speedup':>8} {'mismatches':>10}")
+          f"{'speedup':>8} {'mismatches (not ties)':>21}")
     for r in table:
         sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        mm = "-" if r["mismatches"] is None else str(r["mismatches"])
+        mm = "-" if r["mismatches"] is None else f"{r['mismatches']} ({r['not_near_ties']})"
         print(f"{r['set']:<10} {r['mode']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
-              f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>10}")
+              f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>21}")
 
 
 def machine_info(args, engine) -> dict:

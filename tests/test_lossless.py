@@ -1,0 +1,56 @@
+"""tfm_local.lossless: where two greedy outputs diverge, and whether that is a numerical near-tie."""
+import numpy as np
+import pytest
+
+from tfm_local.lossless import TIE_GAP, classify, first_divergence
+from tfm_local.target import Target
+
+from synth import write_tiny_target
+
+PROMPT = [11, 42, 7, 99, 3, 250, 18]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = write_tiny_target(tmp_path_factory.mktemp("lossless") / "t.gguf", n_layer=2, seed=3)
+    t = Target(path, n_ctx=128, n_batch=32, n_threads=1)
+    yield t
+    t.close()
+
+
+def greedy(t, n):
+    out = [int(np.argmax(t.prefill(PROMPT)))]
+    while len(out) < n:
+        out.append(int(np.argmax(t.prefill(PROMPT + out))))
+    return out
+
+
+@pytest.mark.parametrize("ref,out,want", [
+    ([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 5, 3], 1), ([1, 2], [1, 2, 3], 2), ([4], [], 0)])
+def test_first_divergence(ref, out, want):
+    assert first_divergence(ref, out) == want
+
+
+def test_equal_outputs_have_no_divergence(target):
+    ref = greedy(target, 4)
+    assert classify(target, PROMPT, ref, list(ref)) is None
+
+
+def test_length_only_difference_is_not_a_tie(target):
+    ref = greedy(target, 4)
+    d = classify(target, PROMPT, ref, ref[:2])
+    assert (d.index, d.ref_token, d.out_token, d.gaps, d.near_tie) == (2, ref[2], None, None, False)
+
+
+def test_second_best_token_is_a_tie_only_within_the_gap(target):
+    ref = greedy(target, 4)
+    logits = np.asarray(target.prefill(PROMPT + ref[:2]), dtype=np.float64)
+    second = int(np.argsort(-logits)[1])
+    gap = float(logits.max() - logits[second])
+    out = ref[:2] + [second, 9]
+    d = classify(target, PROMPT, ref, out, gap=gap * 1.01)
+    assert d.index == 2 and d.out_token == second and d.near_tie
+    assert d.gaps == pytest.approx((0.0, gap))
+    assert not classify(target, PROMPT, ref, out, gap=gap * 0.99).near_tie
+    worst = int(np.argmin(logits))
+    assert not classify(target, PROMPT, ref, ref[:2] + [worst]).near_tie or logits.max() - logits.min() < TIE_GAP
