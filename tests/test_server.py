@@ -324,6 +324,40 @@ def test_unknown_path_and_method(server):
     assert_error(httpx.get(server.url + "/v1/chat/completions", timeout=10), 405)
 
 
+def peak_rss_growth_mb(server, action) -> float:
+    """How far ``action()`` raises the server's peak RSS (VmHWM, reset first), in MB."""
+    with open(f"/proc/{server.proc.pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = server.rss_kb()
+    action()
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return (peak - before) / 1024
+
+
+BIG = 50 << 20  # 50 MB: far over the default limit (4 MiB)
+
+
+def test_oversized_body_is_refused_without_reading_it(server):
+    """A 50 MB body, announced (Content-Length) or chunked: a 413 error body, and the server's peak memory
+    does not grow by anything like the body's size."""
+    head, tail = b'{"model": "tiny", "prompt": "', b'"}'
+
+    def chunked():
+        yield head
+        for _ in range(BIG >> 20):
+            yield b"a" * (1 << 20)
+        yield tail
+
+    def send_both():
+        for content in (head + b"a" * BIG + tail, chunked()):
+            assert_error(post(server, "/v1/completions", content=content), 413, code="request_too_large")
+
+    growth = peak_rss_growth_mb(server, send_both)
+    assert growth < 20, f"peak RSS grew by {growth:.0f} MB for a refused 50 MB body"
+    assert post(server, "/v1/completions", json=COMPLETION).status_code == 200  # keeps serving
+
+
 def test_server_keeps_serving_after_errors(server, client, engine):
     for raw in (b"{", b"[]"):
         post(server, "/v1/completions", content=raw)
@@ -459,24 +493,54 @@ def test_queued_requests_survive_a_cancelled_stream_in_arrival_order(server, cli
     assert order == ["a", "b"]
 
 
-# -- API key -----------------------------------------------------------------------------
-def test_api_key(models, tmp_path):
-    s = Server(models, tmp_path / "keyed.log", "--api-key", "sekret")
-    try:
-        assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # probes need no key
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
-            err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
-                               401, code="invalid_api_key")
-            assert "sekret" not in err["message"]
-        assert_error(httpx.post(s.url + "/v1/completions", content=b"{", timeout=10), 401)  # before the body
-        assert_error(httpx.get(s.url + "/v1/models", timeout=10), 401)
-        good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
-        assert good.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
-        bad = openai.OpenAI(base_url=s.url + "/v1", api_key="guess", max_retries=0, timeout=60)
-        with pytest.raises(openai.AuthenticationError):
-            bad.models.list()
-    finally:
-        s.stop()
+# -- options: API key, body limit ---------------------------------------------------------
+SMALL_LIMIT = 2000
+KEY = {"Authorization": "Bearer sekret"}
+
+
+@pytest.fixture(scope="module")
+def keyed(models, tmp_path_factory):
+    """A server started with an API key and a small body limit."""
+    s = Server(models, tmp_path_factory.mktemp("log") / "keyed.log", "--api-key", "sekret",
+               "--max-body-bytes", str(SMALL_LIMIT))
+    yield s
+    s.stop()
+    assert "Traceback" not in s.log_text(), s.log_text()
+
+
+def test_api_key(keyed):
+    s = keyed
+    assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # probes need no key
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+        err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
+                           401, code="invalid_api_key")
+        assert "sekret" not in err["message"]
+    assert_error(httpx.post(s.url + "/v1/completions", content=b"{", timeout=10), 401)  # before the body
+    assert_error(httpx.get(s.url + "/v1/models", timeout=10), 401)
+    good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
+    assert good.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
+    bad = openai.OpenAI(base_url=s.url + "/v1", api_key="guess", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_max_body_bytes(keyed):
+    """--max-body-bytes: a body of the limit passes, one byte more is a 413 (announced or chunked); a request
+    without the key is a 401 whatever its size."""
+    url = keyed.url + "/v1/completions"
+
+    def body(size: int) -> bytes:
+        head = json.dumps({"model": MODEL, "max_tokens": 4, "prompt": ""}).encode()[:-2]  # ends with "prompt": "
+        return head + b"a" * (size - len(head) - 2) + b'"}'
+
+    assert len(body(SMALL_LIMIT)) == SMALL_LIMIT
+    r = httpx.post(url, content=body(SMALL_LIMIT), headers=KEY, timeout=60)
+    assert r.status_code == 200, r.text
+    assert_error(httpx.post(url, content=body(SMALL_LIMIT + 1), headers=KEY, timeout=60), 413,
+                 code="request_too_large")
+    assert_error(httpx.post(url, content=iter([body(SMALL_LIMIT + 1)]), headers=KEY, timeout=60), 413,
+                 code="request_too_large")
+    assert_error(httpx.post(url, content=body(SMALL_LIMIT + 1), timeout=60), 401)
 
 
 def test_cli_errors(models, server):
@@ -487,6 +551,9 @@ def test_cli_errors(models, server):
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--port",
                         str(server.port)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--max-body-bytes",
+                        "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--max-body-bytes" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", "/no/such.gguf"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr

@@ -12,6 +12,10 @@ import sys
 
 from .common import add_engine_args, engine_from_args, fail
 
+#: Default request body limit: far above any prompt that fits a context (a 128k-token prompt is
+#: about 0.5 MB of text), far below what a flood of bodies would cost in memory.
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="tfm-serve", description="Serve a local GGUF model through an "
@@ -24,6 +28,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="require 'Authorization: Bearer KEY' on /v1 (default: $TFM_API_KEY, else no key)")
     ap.add_argument("--model-name", default=None,
                     help="model id reported by /v1/models and expected in requests (default: the target file's stem)")
+    ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                    help="largest request body accepted, in bytes; a larger one is a 413 error, refused before "
+                         f"it is read (default {DEFAULT_MAX_BODY_BYTES} = 4 MiB)")
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="server log level (default info: one line per request)")
     return ap.parse_args(argv)
@@ -51,6 +58,8 @@ def main(argv=None) -> None:
         fail(f"--port must be in 0..65535, got {args.port}")
     if args.model_name is not None and not args.model_name.strip():
         fail("--model-name must not be empty")
+    if args.max_body_bytes < 1:
+        fail(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.api_key is not None and not args.api_key.strip():
         fail("--api-key is empty (an unset variable?): give a key, or leave the option out to serve without one")
     import uvicorn
@@ -63,7 +72,7 @@ def main(argv=None) -> None:
         fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     engine = engine_from_args(args)
     name = args.model_name or engine.target.model.path.stem
-    app = create_app(engine, name, api_key=args.api_key)
+    app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     host, port = sock.getsockname()[:2]
     print(f"tfm-serve: {name} on http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)

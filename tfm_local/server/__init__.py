@@ -2,8 +2,9 @@
 
 ``create_app(engine, model_name, api_key=None)`` builds the FastAPI app
 (app.py: routes; schemas.py: request bodies; errors.py: OpenAI error
-bodies; stream.py: one generation at a time, worker threads, SSE). The
-command line is ``tfm_local/cli/serve.py``.
+bodies; middleware.py: API key and body limit; stream.py: one generation
+at a time, worker threads, SSE). The command line is
+``tfm_local/cli/serve.py``.
 """
 from .app import create_app
 

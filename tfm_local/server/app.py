@@ -14,7 +14,6 @@ an end-of-generation token included.
 """
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -25,29 +24,9 @@ from pydantic import BaseModel, ValidationError
 
 from ..stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
+from .middleware import BearerAuth, BodyLimit
 from .schemas import ROLES, ChatRequest, CompletionRequest
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
-
-
-class BearerAuth:
-    """ASGI middleware: paths under ``/v1`` need ``Authorization: Bearer <api_key>``, else a 401 error body.
-
-    It runs before the body is read, so a wrong key is a 401 whatever the body holds.
-    """
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                what = "provided" if given else "missing"
-                err = APIError(401, f"Incorrect API key {what}: send 'Authorization: Bearer <key>' with the key "
-                               "the server was started with (--api-key).", code="invalid_api_key")
-                await err.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class Service:
@@ -169,11 +148,13 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, max_body_bytes: int | None = None) -> FastAPI:
     """The FastAPI application serving ``engine`` as model ``model_name``.
 
-    ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``. The app closes
-    the Engine at shutdown (after the running generation ends).
+    ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``.
+    ``max_body_bytes``: when set, a request body over this many bytes is a 413 error, refused from
+    its Content-Length before it is read, or once the bytes read pass the limit (chunked bodies).
+    The app closes the Engine at shutdown (after the running generation ends).
     """
     svc = Service(engine, model_name)
 
@@ -186,6 +167,8 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
                   lifespan=lifespan)
     app.state.service = svc
     install_handlers(app)
+    if max_body_bytes is not None:  # inside BearerAuth: a request without the key is a 401 whatever its size
+        app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
 
