@@ -267,6 +267,36 @@ def test_wrong_field_types(server, path, body, param):
     assert_error(post(server, path, json=body), 400, param=param)
 
 
+NULLABLE = ["stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+            "min_p", "seed", "stop", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
+            "logit_bias", "response_format", "tools", "tool_choice", "user", "metadata"]
+
+
+def test_null_means_not_given(server):
+    """OpenAI's API takes an explicit null for an optional field as the field left out."""
+    r = post(server, "/v1/chat/completions", json={**CHAT, **dict.fromkeys(NULLABLE), "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4, r.text
+    msgs = [{"role": "user", "content": "hi", "name": None}, {"role": "assistant", "content": None},
+            {"role": "user", "content": [{"type": "text", "text": "yo"}]}]
+    r = post(server, "/v1/chat/completions", json={**CHAT, "messages": msgs, "stream": None,
+                                                    "stream_options": {"include_usage": None}})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text
+    r = post(server, "/v1/completions", json={**COMPLETION, **dict.fromkeys(NULLABLE), "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    r = post(server, "/v1/completions", json={**COMPLETION, "max_tokens": None})
+    assert r.json()["usage"]["completion_tokens"] == 16  # the default, as when left out
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT, "model": None}, "model"),
+    ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": None, "content": "x"}]}, "messages[0].role"),
+    ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt"),
+])
+def test_null_for_a_required_field(server, path, body, param):
+    assert_error(post(server, path, json=body), 400, param=param)
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 @pytest.mark.parametrize("value", [0, -1])
 def test_non_positive_max_tokens(server, field, value):

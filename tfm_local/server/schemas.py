@@ -7,6 +7,9 @@ accepted and ignored (clients send many), except the few in
 with a 400 rather than silently dropped.
 
 Types are strict: ``"max_tokens": "5"`` or ``1.5`` is a 400, not a coercion.
+An explicit ``null`` for an optional field means the field is left out, as
+in OpenAI's API (``"stream": null`` is no stream); for a required field it
+is a 400.
 Ranges follow OpenAI (temperature 0..2, top_p 0..1). ``top_k`` and ``min_p``
 are extensions, as in llama.cpp's and vLLM's servers.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: Chat roles a request may use; "developer" (OpenAI's newer name) is rendered as "system".
 ROLES = ("system", "developer", "user", "assistant")
@@ -25,25 +28,38 @@ UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tools": (
                "echo": (False,), "suffix": ("",), "logit_bias": ({},), "response_format": ({"type": "text"},)}
 
 
-class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices)."""
+class _Body(BaseModel):
+    """A JSON object of a request: strict types, unknown fields ignored, null = an optional field left out."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        """``data`` without the null values of optional fields (and of unknown ones); a required field's
+        null stays, to fail its type check."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or (k in fields and fields[k].is_required())}
+
+
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices)."""
+
     include_usage: bool = False
 
 
-class TextPart(BaseModel):
+class TextPart(_Body):
     """One ``{"type": "text", "text": ...}`` part of a message's content."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
+class Message(_Body):
     """One chat message; ``content`` is a string or a list of text parts (images are refused)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
     role: str
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
@@ -57,7 +73,7 @@ class Message(BaseModel):
         return "".join(p.text for p in self.content)
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     """Fields shared by chat and text completions."""
 
     model_config = ConfigDict(strict=True, extra="allow")
