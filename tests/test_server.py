@@ -541,7 +541,12 @@ def keyed(models, tmp_path_factory):
 def test_api_key(keyed):
     s = keyed
     assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # probes need no key
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+    for auth in ("bearer sekret", "BEARER sekret", "BeArEr  sekret"):  # the scheme is case-insensitive (RFC 7235)
+        r = httpx.post(s.url + "/v1/completions", json=COMPLETION, headers={"Authorization": auth}, timeout=60)
+        assert r.status_code == 200, (auth, r.text)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"},
+                    {"Authorization": "Basic sekret"}, {"Authorization": "Bearersekret"},
+                    {"Authorization": "Bearer sekret2"}, {"Authorization": "Bearer"}, {"Authorization": "bearer"}):
         err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
                            401, code="invalid_api_key")
         assert "sekret" not in err["message"]

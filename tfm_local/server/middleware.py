@@ -4,6 +4,7 @@ Both answer before the route reads the body, with OpenAI-shaped error bodies (er
 """
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from .errors import APIError
@@ -12,16 +13,24 @@ from .errors import APIError
 class BearerAuth:
     """ASGI middleware: paths under ``/v1`` need ``Authorization: Bearer <api_key>``, else a 401 error body.
 
-    It runs before the body is read, so a wrong key is a 401 whatever the body holds.
+    The scheme is matched in any case ("bearer", RFC 7235); the key is compared in constant time
+    (SHA-256 digests, so not even its length shows). It runs before the body is read, so a wrong
+    key is a 401 whatever the body holds.
     """
 
     def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected = app, hashlib.sha256(api_key.encode()).digest()
+
+    def accepts(self, header: bytes) -> bool:
+        """True when the Authorization header value is "Bearer" (any case), spaces, and the key."""
+        scheme, _, key = header.partition(b" ")
+        digest = hashlib.sha256(key.lstrip(b" ")).digest()
+        return secrets.compare_digest(digest, self.expected) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
+            if not self.accepts(given):
                 what = "provided" if given else "missing"
                 err = APIError(401, f"Incorrect API key {what}: send 'Authorization: Bearer <key>' with the key "
                                "the server was started with (--api-key).", code="invalid_api_key")
