@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 
 
 from tfm_local.engine import Engine  # noqa: E402
+from tfm_local.server.schemas import MAX_TOKENS  # noqa: E402
 
 MODEL = "tiny"
 N_CTX = 2048  # long enough that a full-context answer outlasts a client's disconnect
@@ -303,12 +304,44 @@ def test_non_positive_max_tokens(server, field, value):
     assert_error(post(server, "/v1/chat/completions", json={**CHAT, field: value}), 400, param=field)
 
 
+def prompt_leaving(engine, room: int, chat: bool) -> tuple:
+    """A prompt (text, or one user message) that leaves ``room`` tokens or a few more of the context,
+    and its token count."""
+    words = ["hello", "world"] * N_CTX
+    while True:
+        text = " ".join(words)
+        prompt = [{"role": "user", "content": text}] if chat else text
+        n = len(engine.prompt_tokens(prompt))
+        if n <= N_CTX - room:
+            return prompt, n
+        del words[-max(1, (n - N_CTX + room) // 2):]
+
+
+@pytest.mark.parametrize("path,field", [("/v1/chat/completions", "max_tokens"),
+                                        ("/v1/chat/completions", "max_completion_tokens"),
+                                        ("/v1/completions", "max_tokens")])
+def test_max_tokens_beyond_the_context_is_capped(server, engine, path, field):
+    """As llama.cpp's server and Ollama do: the answer stops at the end of the context, finish_reason "length"."""
+    chat = "chat" in path
+    prompt, n_prompt = prompt_leaving(engine, 12, chat)
+    room = N_CTX - n_prompt
+    want = engine.generate(prompt, max_tokens=room, temperature=0)
+    assert engine.stats.finish_reason == "length" and engine.stats.n_generated == room
+    body = {"model": MODEL, "messages" if chat else "prompt": prompt, field: N_CTX, "temperature": 0}
+    r = post(server, path, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert (choice["message"]["content"] if chat else choice["text"]) == want
+    assert choice["finish_reason"] == "length"
+    assert r.json()["usage"] | {"tfm": None} == {"prompt_tokens": n_prompt, "completion_tokens": room,
+                                                 "total_tokens": N_CTX, "tfm": None}
+
+
 @pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
-def test_max_tokens_beyond_the_context(server, path, base):
-    for value in (N_CTX, 10 ** 9):
-        assert_error(post(server, path, json={**base, "max_tokens": value}), 400, param="max_tokens",
-                     code="context_length_exceeded")
-    assert post(server, path, json={**base, "max_tokens": 8}).status_code == 200
+def test_absurd_max_tokens(server, path, base):
+    """Over MAX_TOKENS (far beyond any context) max_tokens is a 400, whatever the context."""
+    for value in (MAX_TOKENS + 1, 10 ** 30):
+        assert_error(post(server, path, json={**base, "max_tokens": value}), 400, param="max_tokens")
 
 
 @pytest.mark.parametrize("stream", [False, True])

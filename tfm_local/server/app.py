@@ -86,30 +86,27 @@ class Service:
                            "(one completion per request).", param="prompt", code="invalid_value")
         return req.prompt[0]
 
-    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str, field: str) -> int:
-        """The max_tokens to generate: ``limit``, or the rest of the context when None.
+    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str) -> int:
+        """The max_tokens to generate: ``limit``, cut to what the context leaves after the prompt
+        (all of it when ``limit`` is None). A cut answer ends with finish_reason "length", as with
+        llama.cpp's server and Ollama.
 
-        Raises a 400 (code context_length_exceeded) when the prompt does not fit, or when the prompt
-        plus ``limit`` tokens would exceed the context; a 400 when the template rejects the messages.
+        Raises a 400 (code context_length_exceeded) when the prompt leaves no room to generate;
+        a 400 when it holds no tokens or the template rejects the messages. ``param`` names the
+        prompt's field in the errors ("messages" or "prompt").
         """
         try:
             n_prompt = len(await self.runner.prompt_tokens(prompt))
         except ValueError as e:  # ChatTemplateError
             raise APIError(400, str(e), param=param, code="invalid_value") from None
         if n_prompt == 0:
-            raise APIError(400, f"The {param} hold no tokens; send some text.", param=param, code="invalid_value")
-        if n_prompt + 1 > self.n_ctx:
-            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; the {param} take "
-                           f"{n_prompt} tokens (and at least 1 must be left to generate). Shorten them.",
+            raise APIError(400, f"'{param}' holds no tokens; send some text.", param=param, code="invalid_value")
+        room = self.n_ctx - n_prompt
+        if room < 1:
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; '{param}' came to "
+                           f"{n_prompt} tokens, and at least 1 must be left for the answer. Shorten '{param}'.",
                            param=param, code="context_length_exceeded")
-        if limit is None:
-            return self.n_ctx - n_prompt
-        if n_prompt + limit > self.n_ctx:
-            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; you requested "
-                           f"{n_prompt + limit} tokens ({n_prompt} in the {param}, {limit} in '{field}'). "
-                           f"Lower '{field}' to at most {self.n_ctx - n_prompt} or shorten the {param}.",
-                           param=field, code="context_length_exceeded")
-        return limit
+        return room if limit is None else min(limit, room)
 
     # -- responses ----------------------------------------------------------------------
     def usage(self, stats: GenerationStats) -> dict:
@@ -202,8 +199,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         svc.check_model(req.model)
         svc.check_supported(req)
         messages = svc.chat_messages(req)
-        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages", field)
+        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages")
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("chatcmpl"), int(time.time())
 
@@ -241,7 +237,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         svc.check_model(req.model)
         svc.check_supported(req)
         prompt = svc.completion_prompt(req)
-        max_tokens = await svc.token_budget(prompt, req.token_limit(), "prompt", "max_tokens")
+        max_tokens = await svc.token_budget(prompt, req.token_limit(), "prompt")
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("cmpl"), int(time.time())
 

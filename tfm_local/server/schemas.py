@@ -19,6 +19,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: The largest max_tokens accepted (16 Mi tokens, beyond any context): a larger value is a client's error.
+#: Within it, a max_tokens past the end of the context is cut to what the context leaves (app.py).
+MAX_TOKENS = 1 << 24
+
 #: Chat roles a request may use; "developer" (OpenAI's newer name) is rendered as "system".
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -78,7 +82,7 @@ class _Sampling(_Body):
 
     model_config = ConfigDict(strict=True, extra="allow")
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -121,7 +125,7 @@ class ChatRequest(_Sampling):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` is OpenAI's newer name for ``max_tokens``."""
 
     messages: list[Message]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
 
     def token_limit(self) -> int | None:
         """max_completion_tokens, else max_tokens, else None (up to the end of the context)."""
