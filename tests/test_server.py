@@ -378,6 +378,80 @@ def test_unsupported_parameters_are_refused(server, field, value):
     assert post(server, "/v1/chat/completions", json={**CHAT, "n": 1, "presence_penalty": 0.0}).status_code == 200
 
 
+# -- tools: no function calling, tool messages through a template that renders them -------
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "today's weather",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TOOL_HISTORY = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+#: What the chat template gets for TOOL_HISTORY: the call's arguments as an object, as Hugging Face templates expect.
+TOOL_HISTORY_RENDERED = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1"}]
+#: A ChatML template that renders tool calls and tool results (the tiny model's own template has no tool use).
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tool_choice_none_or_auto_without_tool_calls(client, engine):
+    """tool_choice "none"/"auto" without tools, or tools with tool_choice "none" (ignored): a plain text answer."""
+    want = engine.generate(chat_msgs("hello"), max_tokens=8, temperature=0)
+    for extra in ({"tool_choice": "none"}, {"tool_choice": "auto"}, {"tools": TOOLS, "tool_choice": "none"},
+                  {"functions": [TOOLS[0]["function"]], "function_call": "none"}, {"parallel_tool_calls": False}):
+        r = client.chat.completions.create(model=MODEL, messages=chat_msgs("hello"), max_tokens=8, temperature=0,
+                                           **extra)
+        assert r.choices[0].message.content == want and r.choices[0].message.tool_calls is None, extra
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": TOOLS}, "tools"), ({"tools": TOOLS, "tool_choice": "auto"}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"functions": [TOOLS[0]["function"]]}, "functions")])
+def test_function_calling_is_refused(server, extra, param):
+    err = assert_error(post(server, "/v1/chat/completions", json={**CHAT, **extra}), 400, param=param,
+                       code="unsupported_parameter")
+    assert "function calling" in err["message"] and "tool_choice" in err["message"]
+
+
+def test_tool_messages_need_a_template_that_renders_them(server):
+    """The tiny model's ChatML template has no tool use: tool results and tool calls are a 400, not dropped."""
+    for msgs, param in ((TOOL_HISTORY[:2], "messages[1].tool_calls"),
+                        ([TOOL_HISTORY[0], TOOL_HISTORY[2]], "messages[1].role")):
+        err = assert_error(post(server, "/v1/chat/completions", json={**CHAT, "messages": msgs}), 400, param=param,
+                           code="unsupported_value")
+        assert "chat template" in err["message"]
+
+
+def test_tool_messages_through_a_template_that_renders_them(models, tmp_path):
+    from synth import write_tiny_target
+
+    target = write_tiny_target(tmp_path / "tools.gguf", n_layer=1, chat_template=TOOL_TEMPLATE)
+    s = Server((target, models[1]), tmp_path / "tools.log", "--no-draft")
+    e = Engine(target, None, n_ctx=N_CTX)
+    try:
+        want = e.generate(TOOL_HISTORY_RENDERED, max_tokens=8, temperature=0)
+        r = post(s, "/v1/chat/completions", json={"model": MODEL, "messages": TOOL_HISTORY, "max_tokens": 8,
+                                                  "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(e.prompt_tokens(TOOL_HISTORY_RENDERED))
+        assert r.json()["choices"][0]["message"]["content"] == want
+        bad = [{"role": "user", "content": "x", "tool_calls": [CALL]}]
+        assert_error(post(s, "/v1/chat/completions", json={**CHAT, "messages": bad}), 400,
+                     param="messages[0].tool_calls", code="invalid_value")
+    finally:
+        e.close()
+        s.stop()
+    assert "Traceback" not in s.log_text()
+
+
 def test_empty_prompt(server):
     assert_error(post(server, "/v1/completions", json={**COMPLETION, "prompt": ""}), 400, param="prompt")
 

@@ -25,12 +25,14 @@ from pydantic import BaseModel, ValidationError
 from ..stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
 from .middleware import BearerAuth, BodyLimit
-from .schemas import ROLES, ChatRequest, CompletionRequest
+from .messages import template_messages, template_renders_tools
+from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
 
 
 class Service:
-    """What the routes share: the runner, the model id and the context size.
+    """What the routes share: the runner, the model id, the context size, and whether the chat template
+    renders tool use (``tools_ok``).
 
     Args:
         engine: a loaded Engine (closed by the app's shutdown).
@@ -44,6 +46,7 @@ class Service:
         self.created = int(time.time())
         self.budget = "auto" if engine.auto is not None else engine.budget
         self.tree = engine.tree_mode if engine.active_drafter is not None or engine.auto is not None else "plain"
+        self.tools_ok = template_renders_tools(engine.target.model.meta("tokenizer.chat_template"))
 
     # -- checks made before a request queues --------------------------------------------
     def check_model(self, model: str) -> None:
@@ -56,25 +59,14 @@ class Service:
     def check_supported(req) -> None:
         """Raise a 400 for a field whose value this server cannot honour (n > 1, logprobs, tools...)."""
         name = req.unsupported()
-        if name is not None:
-            raise APIError(400, f"'{name}' is not supported by this server; leave it out.", param=name,
-                           code="unsupported_parameter")
-
-    @staticmethod
-    def chat_messages(req: ChatRequest) -> list[dict]:
-        """The request's messages as ``{"role", "content"}`` dicts for the chat template.
-
-        Raises a 400 for no messages or an unknown role ("developer" becomes "system").
-        """
-        if not req.messages:
-            raise APIError(400, "'messages' must hold at least one message.", param="messages", code="empty_array")
-        out = []
-        for i, m in enumerate(req.messages):
-            if m.role not in ROLES:
-                raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; supported roles are "
-                               f"{', '.join(ROLES)}.", param=f"messages[{i}].role", code="invalid_value")
-            out.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
-        return out
+        if name is None:
+            return
+        how = "leave it out."
+        if name in TOOL_CHOICE or name in TOOL_CHOICE.values():
+            how = ("this server has no function calling. Leave out 'tools' and 'tool_choice', or send "
+                   "\"tool_choice\": \"none\" to have the tools ignored and a text answer.")
+        raise APIError(400, f"'{name}' is not supported by this server; {how}", param=name,
+                       code="unsupported_parameter")
 
     @staticmethod
     def completion_prompt(req: CompletionRequest) -> str:
@@ -198,7 +190,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         req = await parse_body(request, ChatRequest)
         svc.check_model(req.model)
         svc.check_supported(req)
-        messages = svc.chat_messages(req)
+        messages = template_messages(req.messages, svc.tools_ok)
         max_tokens = await svc.token_budget(messages, req.token_limit(), "messages")
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("chatcmpl"), int(time.time())

@@ -2,9 +2,9 @@
 
 Only the fields the engine can honour are declared; other OpenAI fields are
 accepted and ignored (clients send many), except the few in
-``UNSUPPORTED`` whose non-default values would change the answer's meaning
-(several choices, log-probabilities, tools, penalties): those are refused
-with a 400 rather than silently dropped.
+``UNSUPPORTED`` and ``TOOL_CHOICE`` whose non-default values would change
+the answer's meaning (several choices, log-probabilities, tools to call,
+penalties): those are refused with a 400 rather than silently dropped.
 
 Types are strict: ``"max_tokens": "5"`` or ``1.5`` is a 400, not a coercion.
 An explicit ``null`` for an optional field means the field is left out, as
@@ -23,13 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 #: Within it, a max_tokens past the end of the context is cut to what the context leaves (app.py).
 MAX_TOKENS = 1 << 24
 
-#: Chat roles a request may use; "developer" (OpenAI's newer name) is rendered as "system".
-ROLES = ("system", "developer", "user", "assistant")
-
 #: Field → the values that mean "off" (None always does); any other value is refused as unsupported.
-UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],),
-               "tool_choice": ("none",), "frequency_penalty": (0,), "presence_penalty": (0,), "best_of": (1,),
-               "echo": (False,), "suffix": ("",), "logit_bias": ({},), "response_format": ({"type": "text"},)}
+UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tool_choice": ("none", "auto"),
+               "function_call": ("none", "auto"), "frequency_penalty": (0,), "presence_penalty": (0,),
+               "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
+               "response_format": ({"type": "text"},)}
+
+#: Function calling (none here): a non-empty tool list is refused unless its choice field is "none",
+#: which tells the model not to call them: the tools are then ignored.
+TOOL_CHOICE = {"tools": "tool_choice", "functions": "function_call"}
 
 
 class _Body(BaseModel):
@@ -61,12 +63,32 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    """The function of a tool call: its name and ``arguments`` (a JSON string, or an object)."""
+
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCall(_Body):
+    """One tool call of an earlier assistant message (``messages[i].tool_calls``)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Body):
-    """One chat message; ``content`` is a string or a list of text parts (images are refused)."""
+    """One chat message; ``content`` is a string or a list of text parts (images are refused).
+
+    ``tool_calls`` (assistant) and ``tool_call_id`` (role "tool") carry earlier tool use (messages.py).
+    """
 
     role: str
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The content as one string (text parts joined without separator; None → "")."""
@@ -99,6 +121,9 @@ class _Sampling(_Body):
     def unsupported(self) -> str | None:
         """Name of the first field set to a value this server cannot honour, else None."""
         extra = self.model_extra or {}
+        for name, choice in TOOL_CHOICE.items():
+            if extra.get(name) and extra.get(choice) != "none":
+                return name
         for name, off in UNSUPPORTED.items():
             value = extra.get(name)
             if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
