@@ -88,7 +88,8 @@ class Server:
             time.sleep(0.05)
         raise AssertionError("server still busy")
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM (or SIGKILL after 15 s); the exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -97,13 +98,14 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     s = Server(models, tmp_path_factory.mktemp("log") / "server.log")
     yield s
-    s.stop()
+    assert s.stop() == 0, s.log_text()
     assert "Traceback" not in s.log_text(), s.log_text()
 
 
@@ -628,6 +630,37 @@ def test_queued_requests_survive_a_cancelled_stream_in_arrival_order(server, cli
     assert results == {"a": engine.generate("hello", max_tokens=12, temperature=0),
                        "b": engine.generate("the quick", max_tokens=12, temperature=0)}
     assert order == ["a", "b"]
+
+
+# -- shutdown ----------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_shutdown_while_streaming(models, tmp_path, sig):
+    """SIGTERM or Ctrl-C while an answer streams: the generation stops at a token boundary, its stream ends
+    with an error event (no [DONE]), a queued request gets a 503, and the server exits 0 without a
+    traceback and without waiting out uvicorn's graceful-shutdown timeout."""
+    s = Server(models, tmp_path / "shutdown.log", "--log-level", "info")
+    queued = {}
+    try:
+        with httpx.stream("POST", s.url + "/v1/completions", json=LONG, timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            waiter = threading.Thread(target=lambda: queued.update(r=post(s, "/v1/completions", json=COMPLETION)))
+            waiter.start()
+            time.sleep(1.0)  # the second request waits for the Engine
+            s.proc.send_signal(sig)
+            rest = [line for line in lines if line]  # httpx raises if the body is cut short
+        waiter.join(30)
+        assert s.proc.wait(timeout=30) == 0
+    finally:
+        s.stop()
+    assert rest and all(line.startswith("data: ") for line in rest), rest[-3:]
+    last = json.loads(rest[-1][6:])
+    assert last["error"]["code"] == "server_shutting_down", last
+    assert all("choices" in json.loads(line[6:]) for line in rest[:-1])
+    assert_error(queued["r"], 503, code="server_shutting_down")
+    log = s.log_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+    assert "Finished server process" in log
 
 
 # -- options: API key, body limit ---------------------------------------------------------

@@ -62,9 +62,7 @@ def main(argv=None) -> None:
         fail(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.api_key is not None and not args.api_key.strip():
         fail("--api-key is empty (an unset variable?): give a key, or leave the option out to serve without one")
-    import uvicorn
-
-    from ..server import create_app
+    from ..server import create_app, serve
 
     try:
         sock = bind(args.host, args.port)
@@ -76,11 +74,8 @@ def main(argv=None) -> None:
     host, port = sock.getsockname()[:2]
     print(f"tfm-serve: {name} on http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
-        pass
+        serve(app, sock, log_level=args.log_level)  # returns on SIGTERM or Ctrl-C, after a graceful stop
     finally:
         sock.close()
         if not app.state.service.runner.busy:  # else a worker thread may still be in a step: leave it to exit
