@@ -666,13 +666,14 @@ def test_shutdown_while_streaming(models, tmp_path, sig):
 # -- options: API key, body limit ---------------------------------------------------------
 SMALL_LIMIT = 2000
 KEY = {"Authorization": "Bearer sekret"}
+ORIGINS = ("http://localhost:3000", "https://app.example")
 
 
 @pytest.fixture(scope="module")
 def keyed(models, tmp_path_factory):
-    """A server started with an API key and a small body limit."""
+    """A server started with an API key, a small body limit and two CORS origins."""
     s = Server(models, tmp_path_factory.mktemp("log") / "keyed.log", "--api-key", "sekret",
-               "--max-body-bytes", str(SMALL_LIMIT))
+               "--max-body-bytes", str(SMALL_LIMIT), *(a for o in ORIGINS for a in ("--cors-origin", o)))
     yield s
     s.stop()
     assert "Traceback" not in s.log_text(), s.log_text()
@@ -718,6 +719,34 @@ def test_max_body_bytes(keyed):
     assert_error(httpx.post(url, content=body(SMALL_LIMIT + 1), timeout=60), 401)
 
 
+def test_cors(keyed, server):
+    """--cors-origin: a browser page from a listed origin may call the API (preflight without the key, the
+    allowed origin on every answer, errors included); other origins and a server without the option get
+    no CORS headers."""
+    url = keyed.url + "/v1/chat/completions"
+    asks = {"Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"}
+    for origin in ORIGINS:
+        r = httpx.options(url, headers={"Origin": origin, **asks}, timeout=10)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin, r.headers
+        assert {"authorization", "content-type", "x-stainless-os"} <= {
+            h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
+        assert "POST" in r.headers["access-control-allow-methods"]
+    origin = {"Origin": ORIGINS[1]}
+    r = httpx.post(url, json=CHAT, headers={**KEY, **origin}, timeout=60)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGINS[1]
+    for r in (httpx.post(url, json=CHAT, headers=origin, timeout=10),  # 401
+              httpx.post(url, content=b"x" * (SMALL_LIMIT + 1), headers={**KEY, **origin}, timeout=10)):  # 413
+        assert r.status_code in (401, 413) and r.headers["access-control-allow-origin"] == ORIGINS[1]
+    other = {"Origin": "https://evil.example"}
+    assert httpx.options(url, headers={**other, **asks}, timeout=10).status_code == 400
+    r = httpx.post(url, json=CHAT, headers={**KEY, **other}, timeout=60)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    plain = server.url + "/v1/chat/completions"
+    assert "access-control-allow-origin" not in httpx.options(plain, headers={**origin, **asks}, timeout=10).headers
+    assert "access-control-allow-origin" not in post(server, "/v1/chat/completions", json=CHAT, headers=origin).headers
+
+
 def test_cli_errors(models, server):
     target, drafter = models
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--port", "70000"],
@@ -729,6 +758,10 @@ def test_cli_errors(models, server):
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--max-body-bytes",
                         "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--max-body-bytes" in r.stderr and "Traceback" not in r.stderr
+    for origin in ("localhost:3000", "http://localhost:3000/", "http://x.example/app"):
+        r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--cors-origin",
+                            origin], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--cors-origin" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", "/no/such.gguf"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr

@@ -17,8 +17,10 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import asynccontextmanager
+from typing import Sequence
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
@@ -137,12 +139,16 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def create_app(engine, model_name: str, api_key: str | None = None, max_body_bytes: int | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, max_body_bytes: int | None = None,
+               cors_origins: Sequence[str] = ()) -> FastAPI:
     """The FastAPI application serving ``engine`` as model ``model_name``.
 
     ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``.
     ``max_body_bytes``: when set, a request body over this many bytes is a 413 error, refused from
     its Content-Length before it is read, or once the bytes read pass the limit (chunked bodies).
+    ``cors_origins``: web origins (``"http://localhost:3000"``, ``"*"``) whose pages may call the API
+    from a browser (Starlette's CORSMiddleware: GET and POST, any request header, no cookies);
+    preflight requests need no key, and every answer, errors included, carries the CORS headers.
     The app closes the Engine at shutdown (after the running generation ends).
     """
     svc = Service(engine, model_name)
@@ -160,6 +166,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
+    if cors_origins:  # added last: outermost, so it answers preflights and marks the 401 / 413 answers too
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
 
     def model_card() -> dict:
         return {"id": svc.model_name, "object": "model", "created": svc.created, "owned_by": "tfm-local",
