@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 
 import uvicorn
 
@@ -41,10 +42,12 @@ def serve(app, sock: socket.socket, log_level: str = "info") -> None:
     server = _Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5),
                      app.state.service.runner)
     # uvicorn re-raises the signal it stopped on once it is done: SIGTERM then ends like Ctrl-C.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    main = threading.current_thread() is threading.main_thread()  # only there can signals be handled
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
