@@ -646,7 +646,9 @@ def test_shutdown_while_streaming(models, tmp_path, sig):
             next(line for line in lines if line.startswith("data: "))
             waiter = threading.Thread(target=lambda: queued.update(r=post(s, "/v1/completions", json=COMPLETION)))
             waiter.start()
-            time.sleep(1.0)  # the second request waits for the Engine
+            deadline = time.monotonic() + 30
+            while s.health()["waiting"] < 2 and time.monotonic() < deadline:  # the second one waits for the Engine
+                time.sleep(0.05)
             s.proc.send_signal(sig)
             rest = [line for line in lines if line]  # httpx raises if the body is cut short
         waiter.join(30)

@@ -176,11 +176,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
     @app.get("/health")
     async def health() -> dict:
-        """Liveness and counters: status, model, busy (a generation runs or waits), finished and
-        cancelled generations since start (no API key needed)."""
+        """Liveness and counters: status, model, busy (a generation runs or waits), waiting (how many
+        requests hold or wait for the Engine), finished and cancelled generations since start (no API
+        key needed)."""
         r = svc.runner
-        return {"status": "ok", "model": svc.model_name, "busy": r.busy, "finished": r.n_finished,
-                "cancelled": r.n_cancelled}
+        return {"status": "ok", "model": svc.model_name, "busy": r.busy, "waiting": r.n_waiting,
+                "finished": r.n_finished, "cancelled": r.n_cancelled}
 
     @app.get("/v1/models")
     async def list_models() -> dict:
