@@ -181,8 +181,8 @@ class TinyVocab:
         """Number of tokens, padding included."""
         return len(self.tokens)
 
-    def write_to(self, writer: gguf.GGUFWriter) -> None:
-        """Add the tokenizer.* keys (gpt2 model, qwen2 pre-tokenizer, ChatML) to ``writer``."""
+    def write_to(self, writer: gguf.GGUFWriter, chat_template: str = CHATML_TEMPLATE) -> None:
+        """Add the tokenizer.* keys (gpt2 model, qwen2 pre-tokenizer, ``chat_template``) to ``writer``."""
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("qwen2")
         writer.add_token_list(self.tokens)
@@ -192,7 +192,7 @@ class TinyVocab:
         writer.add_eos_token_id(self.special["<|im_end|>"])
         writer.add_pad_token_id(self.special["<|endoftext|>"])
         writer.add_add_bos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        writer.add_chat_template(chat_template)
 
 
 def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
@@ -288,7 +288,7 @@ def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_
 def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2, n_embd: int = 64,
                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048,
                       seed: int = 0, n_vocab: int | None = None, n_swa: int = 4,
-                      swa_pattern: int = 3) -> Path:
+                      swa_pattern: int = 3, chat_template: str = CHATML_TEMPLATE) -> Path:
     """Write a random-weight target GGUF that llama.cpp loads and runs.
 
     Args:
@@ -303,6 +303,7 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
         n_swa, swa_pattern: gemma3 only: sliding window in tokens (0 = none)
             and its layer pattern (every swa_pattern-th layer is global, 0 =
             none is; see ``_gemma3_hparams_to``).
+        chat_template: the Jinja chat template stored (default ChatML).
 
     Returns:
         the path written, as a Path. All tensors are F32, embeddings tied
@@ -327,7 +328,7 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
     _hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                 n_ff=n_ff, n_ctx_train=n_ctx_train, n_vocab=vocab.n_vocab, n_swa=n_swa,
                 swa_pattern=swa_pattern)
-    vocab.write_to(writer)
+    vocab.write_to(writer, chat_template)
     for name, array in tensors.items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()

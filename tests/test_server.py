@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 
 
 from tfm_local.engine import Engine  # noqa: E402
+from tfm_local.server.schemas import MAX_TOKENS  # noqa: E402
 
 MODEL = "tiny"
 N_CTX = 2048  # long enough that a full-context answer outlasts a client's disconnect
@@ -87,7 +88,8 @@ class Server:
             time.sleep(0.05)
         raise AssertionError("server still busy")
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM (or SIGKILL after 15 s); the exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -96,13 +98,14 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     s = Server(models, tmp_path_factory.mktemp("log") / "server.log")
     yield s
-    s.stop()
+    assert s.stop() == 0, s.log_text()
     assert "Traceback" not in s.log_text(), s.log_text()
 
 
@@ -267,18 +270,80 @@ def test_wrong_field_types(server, path, body, param):
     assert_error(post(server, path, json=body), 400, param=param)
 
 
+NULLABLE = ["stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+            "min_p", "seed", "stop", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
+            "logit_bias", "response_format", "tools", "tool_choice", "user", "metadata"]
+
+
+def test_null_means_not_given(server):
+    """OpenAI's API takes an explicit null for an optional field as the field left out."""
+    r = post(server, "/v1/chat/completions", json={**CHAT, **dict.fromkeys(NULLABLE), "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4, r.text
+    msgs = [{"role": "user", "content": "hi", "name": None}, {"role": "assistant", "content": None},
+            {"role": "user", "content": [{"type": "text", "text": "yo"}]}]
+    r = post(server, "/v1/chat/completions", json={**CHAT, "messages": msgs, "stream": None,
+                                                    "stream_options": {"include_usage": None}})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text
+    r = post(server, "/v1/completions", json={**COMPLETION, **dict.fromkeys(NULLABLE), "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    r = post(server, "/v1/completions", json={**COMPLETION, "max_tokens": None})
+    assert r.json()["usage"]["completion_tokens"] == 16  # the default, as when left out
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT, "model": None}, "model"),
+    ("/v1/chat/completions", {**CHAT, "messages": None}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": None, "content": "x"}]}, "messages[0].role"),
+    ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt"),
+])
+def test_null_for_a_required_field(server, path, body, param):
+    assert_error(post(server, path, json=body), 400, param=param)
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 @pytest.mark.parametrize("value", [0, -1])
 def test_non_positive_max_tokens(server, field, value):
     assert_error(post(server, "/v1/chat/completions", json={**CHAT, field: value}), 400, param=field)
 
 
+def prompt_leaving(engine, room: int, chat: bool) -> tuple:
+    """A prompt (text, or one user message) that leaves ``room`` tokens or a few more of the context,
+    and its token count."""
+    words = ["hello", "world"] * N_CTX
+    while True:
+        text = " ".join(words)
+        prompt = [{"role": "user", "content": text}] if chat else text
+        n = len(engine.prompt_tokens(prompt))
+        if n <= N_CTX - room:
+            return prompt, n
+        del words[-max(1, (n - N_CTX + room) // 2):]
+
+
+@pytest.mark.parametrize("path,field", [("/v1/chat/completions", "max_tokens"),
+                                        ("/v1/chat/completions", "max_completion_tokens"),
+                                        ("/v1/completions", "max_tokens")])
+def test_max_tokens_beyond_the_context_is_capped(server, engine, path, field):
+    """As llama.cpp's server and Ollama do: the answer stops at the end of the context, finish_reason "length"."""
+    chat = "chat" in path
+    prompt, n_prompt = prompt_leaving(engine, 12, chat)
+    room = N_CTX - n_prompt
+    want = engine.generate(prompt, max_tokens=room, temperature=0)
+    assert engine.stats.finish_reason == "length" and engine.stats.n_generated == room
+    body = {"model": MODEL, "messages" if chat else "prompt": prompt, field: N_CTX, "temperature": 0}
+    r = post(server, path, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert (choice["message"]["content"] if chat else choice["text"]) == want
+    assert choice["finish_reason"] == "length"
+    assert r.json()["usage"] | {"tfm": None} == {"prompt_tokens": n_prompt, "completion_tokens": room,
+                                                 "total_tokens": N_CTX, "tfm": None}
+
+
 @pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
-def test_max_tokens_beyond_the_context(server, path, base):
-    for value in (N_CTX, 10 ** 9):
-        assert_error(post(server, path, json={**base, "max_tokens": value}), 400, param="max_tokens",
-                     code="context_length_exceeded")
-    assert post(server, path, json={**base, "max_tokens": 8}).status_code == 200
+def test_absurd_max_tokens(server, path, base):
+    """Over MAX_TOKENS (far beyond any context) max_tokens is a 400, whatever the context."""
+    for value in (MAX_TOKENS + 1, 10 ** 30):
+        assert_error(post(server, path, json={**base, "max_tokens": value}), 400, param="max_tokens")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -315,6 +380,80 @@ def test_unsupported_parameters_are_refused(server, field, value):
     assert post(server, "/v1/chat/completions", json={**CHAT, "n": 1, "presence_penalty": 0.0}).status_code == 200
 
 
+# -- tools: no function calling, tool messages through a template that renders them -------
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "today's weather",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TOOL_HISTORY = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+#: What the chat template gets for TOOL_HISTORY: the call's arguments as an object, as Hugging Face templates expect.
+TOOL_HISTORY_RENDERED = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1"}]
+#: A ChatML template that renders tool calls and tool results (the tiny model's own template has no tool use).
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tool_choice_none_or_auto_without_tool_calls(client, engine):
+    """tool_choice "none"/"auto" without tools, or tools with tool_choice "none" (ignored): a plain text answer."""
+    want = engine.generate(chat_msgs("hello"), max_tokens=8, temperature=0)
+    for extra in ({"tool_choice": "none"}, {"tool_choice": "auto"}, {"tools": TOOLS, "tool_choice": "none"},
+                  {"functions": [TOOLS[0]["function"]], "function_call": "none"}, {"parallel_tool_calls": False}):
+        r = client.chat.completions.create(model=MODEL, messages=chat_msgs("hello"), max_tokens=8, temperature=0,
+                                           **extra)
+        assert r.choices[0].message.content == want and r.choices[0].message.tool_calls is None, extra
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": TOOLS}, "tools"), ({"tools": TOOLS, "tool_choice": "auto"}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"functions": [TOOLS[0]["function"]]}, "functions")])
+def test_function_calling_is_refused(server, extra, param):
+    err = assert_error(post(server, "/v1/chat/completions", json={**CHAT, **extra}), 400, param=param,
+                       code="unsupported_parameter")
+    assert "function calling" in err["message"] and "tool_choice" in err["message"]
+
+
+def test_tool_messages_need_a_template_that_renders_them(server):
+    """The tiny model's ChatML template has no tool use: tool results and tool calls are a 400, not dropped."""
+    for msgs, param in ((TOOL_HISTORY[:2], "messages[1].tool_calls"),
+                        ([TOOL_HISTORY[0], TOOL_HISTORY[2]], "messages[1].role")):
+        err = assert_error(post(server, "/v1/chat/completions", json={**CHAT, "messages": msgs}), 400, param=param,
+                           code="unsupported_value")
+        assert "chat template" in err["message"]
+
+
+def test_tool_messages_through_a_template_that_renders_them(models, tmp_path):
+    from synth import write_tiny_target
+
+    target = write_tiny_target(tmp_path / "tools.gguf", n_layer=1, chat_template=TOOL_TEMPLATE)
+    s = Server((target, models[1]), tmp_path / "tools.log", "--no-draft")
+    e = Engine(target, None, n_ctx=N_CTX)
+    try:
+        want = e.generate(TOOL_HISTORY_RENDERED, max_tokens=8, temperature=0)
+        r = post(s, "/v1/chat/completions", json={"model": MODEL, "messages": TOOL_HISTORY, "max_tokens": 8,
+                                                  "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(e.prompt_tokens(TOOL_HISTORY_RENDERED))
+        assert r.json()["choices"][0]["message"]["content"] == want
+        bad = [{"role": "user", "content": "x", "tool_calls": [CALL]}]
+        assert_error(post(s, "/v1/chat/completions", json={**CHAT, "messages": bad}), 400,
+                     param="messages[0].tool_calls", code="invalid_value")
+    finally:
+        e.close()
+        s.stop()
+    assert "Traceback" not in s.log_text()
+
+
 def test_empty_prompt(server):
     assert_error(post(server, "/v1/completions", json={**COMPLETION, "prompt": ""}), 400, param="prompt")
 
@@ -322,6 +461,40 @@ def test_empty_prompt(server):
 def test_unknown_path_and_method(server):
     assert_error(httpx.get(server.url + "/v1/nothing", timeout=10), 404)
     assert_error(httpx.get(server.url + "/v1/chat/completions", timeout=10), 405)
+
+
+def peak_rss_growth_mb(server, action) -> float:
+    """How far ``action()`` raises the server's peak RSS (VmHWM, reset first), in MB."""
+    with open(f"/proc/{server.proc.pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = server.rss_kb()
+    action()
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return (peak - before) / 1024
+
+
+BIG = 50 << 20  # 50 MB: far over the default limit (4 MiB)
+
+
+def test_oversized_body_is_refused_without_reading_it(server):
+    """A 50 MB body, announced (Content-Length) or chunked: a 413 error body, and the server's peak memory
+    does not grow by anything like the body's size."""
+    head, tail = b'{"model": "tiny", "prompt": "', b'"}'
+
+    def chunked():
+        yield head
+        for _ in range(BIG >> 20):
+            yield b"a" * (1 << 20)
+        yield tail
+
+    def send_both():
+        for content in (head + b"a" * BIG + tail, chunked()):
+            assert_error(post(server, "/v1/completions", content=content), 413, code="request_too_large")
+
+    growth = peak_rss_growth_mb(server, send_both)
+    assert growth < 20, f"peak RSS grew by {growth:.0f} MB for a refused 50 MB body"
+    assert post(server, "/v1/completions", json=COMPLETION).status_code == 200  # keeps serving
 
 
 def test_server_keeps_serving_after_errors(server, client, engine):
@@ -459,24 +632,121 @@ def test_queued_requests_survive_a_cancelled_stream_in_arrival_order(server, cli
     assert order == ["a", "b"]
 
 
-# -- API key -----------------------------------------------------------------------------
-def test_api_key(models, tmp_path):
-    s = Server(models, tmp_path / "keyed.log", "--api-key", "sekret")
+# -- shutdown ----------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_shutdown_while_streaming(models, tmp_path, sig):
+    """SIGTERM or Ctrl-C while an answer streams: the generation stops at a token boundary, its stream ends
+    with an error event (no [DONE]), a queued request gets a 503, and the server exits 0 without a
+    traceback and without waiting out uvicorn's graceful-shutdown timeout."""
+    s = Server(models, tmp_path / "shutdown.log", "--log-level", "info")
+    queued = {}
     try:
-        assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # probes need no key
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
-            err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
-                               401, code="invalid_api_key")
-            assert "sekret" not in err["message"]
-        assert_error(httpx.post(s.url + "/v1/completions", content=b"{", timeout=10), 401)  # before the body
-        assert_error(httpx.get(s.url + "/v1/models", timeout=10), 401)
-        good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
-        assert good.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
-        bad = openai.OpenAI(base_url=s.url + "/v1", api_key="guess", max_retries=0, timeout=60)
-        with pytest.raises(openai.AuthenticationError):
-            bad.models.list()
+        with httpx.stream("POST", s.url + "/v1/completions", json=LONG, timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            waiter = threading.Thread(target=lambda: queued.update(r=post(s, "/v1/completions", json=COMPLETION)))
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while s.health()["waiting"] < 2 and time.monotonic() < deadline:  # the second one waits for the Engine
+                time.sleep(0.05)
+            s.proc.send_signal(sig)
+            rest = [line for line in lines if line]  # httpx raises if the body is cut short
+        waiter.join(30)
+        assert s.proc.wait(timeout=30) == 0
     finally:
         s.stop()
+    assert rest and all(line.startswith("data: ") for line in rest), rest[-3:]
+    last = json.loads(rest[-1][6:])
+    assert last["error"]["code"] == "server_shutting_down", last
+    assert all("choices" in json.loads(line[6:]) for line in rest[:-1])
+    assert_error(queued["r"], 503, code="server_shutting_down")
+    log = s.log_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+    assert "Finished server process" in log
+
+
+# -- options: API key, body limit ---------------------------------------------------------
+SMALL_LIMIT = 2000
+KEY = {"Authorization": "Bearer sekret"}
+ORIGINS = ("http://localhost:3000", "https://app.example")
+
+
+@pytest.fixture(scope="module")
+def keyed(models, tmp_path_factory):
+    """A server started with an API key, a small body limit and two CORS origins."""
+    s = Server(models, tmp_path_factory.mktemp("log") / "keyed.log", "--api-key", "sekret",
+               "--max-body-bytes", str(SMALL_LIMIT), *(a for o in ORIGINS for a in ("--cors-origin", o)))
+    yield s
+    s.stop()
+    assert "Traceback" not in s.log_text(), s.log_text()
+
+
+def test_api_key(keyed):
+    s = keyed
+    assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # probes need no key
+    for auth in ("bearer sekret", "BEARER sekret", "BeArEr  sekret"):  # the scheme is case-insensitive (RFC 7235)
+        r = httpx.post(s.url + "/v1/completions", json=COMPLETION, headers={"Authorization": auth}, timeout=60)
+        assert r.status_code == 200, (auth, r.text)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"},
+                    {"Authorization": "Basic sekret"}, {"Authorization": "Bearersekret"},
+                    {"Authorization": "Bearer sekret2"}, {"Authorization": "Bearer"}, {"Authorization": "bearer"}):
+        err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
+                           401, code="invalid_api_key")
+        assert "sekret" not in err["message"]
+    assert_error(httpx.post(s.url + "/v1/completions", content=b"{", timeout=10), 401)  # before the body
+    assert_error(httpx.get(s.url + "/v1/models", timeout=10), 401)
+    good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
+    assert good.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
+    bad = openai.OpenAI(base_url=s.url + "/v1", api_key="guess", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_max_body_bytes(keyed):
+    """--max-body-bytes: a body of the limit passes, one byte more is a 413 (announced or chunked); a request
+    without the key is a 401 whatever its size."""
+    url = keyed.url + "/v1/completions"
+
+    def body(size: int) -> bytes:
+        head = json.dumps({"model": MODEL, "max_tokens": 4, "prompt": ""}).encode()[:-2]  # ends with "prompt": "
+        return head + b"a" * (size - len(head) - 2) + b'"}'
+
+    assert len(body(SMALL_LIMIT)) == SMALL_LIMIT
+    r = httpx.post(url, content=body(SMALL_LIMIT), headers=KEY, timeout=60)
+    assert r.status_code == 200, r.text
+    assert_error(httpx.post(url, content=body(SMALL_LIMIT + 1), headers=KEY, timeout=60), 413,
+                 code="request_too_large")
+    assert_error(httpx.post(url, content=iter([body(SMALL_LIMIT + 1)]), headers=KEY, timeout=60), 413,
+                 code="request_too_large")
+    assert_error(httpx.post(url, content=body(SMALL_LIMIT + 1), timeout=60), 401)
+
+
+def test_cors(keyed, server):
+    """--cors-origin: a browser page from a listed origin may call the API (preflight without the key, the
+    allowed origin on every answer, errors included); other origins and a server without the option get
+    no CORS headers."""
+    url = keyed.url + "/v1/chat/completions"
+    asks = {"Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"}
+    for origin in ORIGINS:
+        r = httpx.options(url, headers={"Origin": origin, **asks}, timeout=10)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin, r.headers
+        assert {"authorization", "content-type", "x-stainless-os"} <= {
+            h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
+        assert "POST" in r.headers["access-control-allow-methods"]
+    origin = {"Origin": ORIGINS[1]}
+    r = httpx.post(url, json=CHAT, headers={**KEY, **origin}, timeout=60)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGINS[1]
+    for r in (httpx.post(url, json=CHAT, headers=origin, timeout=10),  # 401
+              httpx.post(url, content=b"x" * (SMALL_LIMIT + 1), headers={**KEY, **origin}, timeout=10)):  # 413
+        assert r.status_code in (401, 413) and r.headers["access-control-allow-origin"] == ORIGINS[1]
+    other = {"Origin": "https://evil.example"}
+    assert httpx.options(url, headers={**other, **asks}, timeout=10).status_code == 400
+    r = httpx.post(url, json=CHAT, headers={**KEY, **other}, timeout=60)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    plain = server.url + "/v1/chat/completions"
+    assert "access-control-allow-origin" not in httpx.options(plain, headers={**origin, **asks}, timeout=10).headers
+    assert "access-control-allow-origin" not in post(server, "/v1/chat/completions", json=CHAT, headers=origin).headers
 
 
 def test_cli_errors(models, server):
@@ -487,6 +757,13 @@ def test_cli_errors(models, server):
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--port",
                         str(server.port)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--max-body-bytes",
+                        "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--max-body-bytes" in r.stderr and "Traceback" not in r.stderr
+    for origin in ("localhost:3000", "http://localhost:3000/", "http://x.example/app"):
+        r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--cors-origin",
+                            origin], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--cors-origin" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", "/no/such.gguf"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr

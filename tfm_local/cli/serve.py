@@ -9,8 +9,23 @@ import argparse
 import os
 import socket
 import sys
+from urllib.parse import urlsplit
 
 from .common import add_engine_args, engine_from_args, fail
+
+#: Default request body limit: far above any prompt that fits a context (a 128k-token prompt is
+#: about 0.5 MB of text), far below what a flood of bodies would cost in memory.
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+
+def origin_arg(text: str) -> str:
+    """``--cors-origin`` value: ``*`` or an origin, ``scheme://host[:port]`` (no path: a browser's Origin
+    header never has one, so such a value would never match)."""
+    u = urlsplit(text)
+    if text != "*" and not (u.scheme and u.netloc and not (u.path or u.query or u.fragment)):
+        raise argparse.ArgumentTypeError(f"expected an origin like http://localhost:3000 (no path, no trailing "
+                                         f"slash) or '*', got {text!r}")
+    return text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -24,6 +39,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="require 'Authorization: Bearer KEY' on /v1 (default: $TFM_API_KEY, else no key)")
     ap.add_argument("--model-name", default=None,
                     help="model id reported by /v1/models and expected in requests (default: the target file's stem)")
+    ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                    help="largest request body accepted, in bytes; a larger one is a 413 error, refused before "
+                         f"it is read (default {DEFAULT_MAX_BODY_BYTES} = 4 MiB)")
+    ap.add_argument("--cors-origin", action="append", type=origin_arg, default=[], metavar="ORIGIN",
+                    help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) call the API from a "
+                         "browser (CORS); repeat for several (default: none)")
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="server log level (default info: one line per request)")
     return ap.parse_args(argv)
@@ -51,11 +72,11 @@ def main(argv=None) -> None:
         fail(f"--port must be in 0..65535, got {args.port}")
     if args.model_name is not None and not args.model_name.strip():
         fail("--model-name must not be empty")
+    if args.max_body_bytes < 1:
+        fail(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.api_key is not None and not args.api_key.strip():
         fail("--api-key is empty (an unset variable?): give a key, or leave the option out to serve without one")
-    import uvicorn
-
-    from ..server import create_app
+    from ..server import create_app, serve
 
     try:
         sock = bind(args.host, args.port)
@@ -63,15 +84,13 @@ def main(argv=None) -> None:
         fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     engine = engine_from_args(args)
     name = args.model_name or engine.target.model.path.stem
-    app = create_app(engine, name, api_key=args.api_key)
+    app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                     cors_origins=args.cors_origin)
     host, port = sock.getsockname()[:2]
     print(f"tfm-serve: {name} on http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
-        pass
+        serve(app, sock, log_level=args.log_level)  # returns on SIGTERM or Ctrl-C, after a graceful stop
     finally:
         sock.close()
         if not app.state.service.runner.busy:  # else a worker thread may still be in a step: leave it to exit

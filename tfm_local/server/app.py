@@ -14,44 +14,27 @@ an end-of-generation token included.
 """
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
+from typing import Sequence
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from ..stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
-from .schemas import ROLES, ChatRequest, CompletionRequest
+from .middleware import BearerAuth, BodyLimit
+from .messages import template_messages, template_renders_tools
+from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
 
 
-class BearerAuth:
-    """ASGI middleware: paths under ``/v1`` need ``Authorization: Bearer <api_key>``, else a 401 error body.
-
-    It runs before the body is read, so a wrong key is a 401 whatever the body holds.
-    """
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                what = "provided" if given else "missing"
-                err = APIError(401, f"Incorrect API key {what}: send 'Authorization: Bearer <key>' with the key "
-                               "the server was started with (--api-key).", code="invalid_api_key")
-                await err.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 class Service:
-    """What the routes share: the runner, the model id and the context size.
+    """What the routes share: the runner, the model id, the context size, and whether the chat template
+    renders tool use (``tools_ok``).
 
     Args:
         engine: a loaded Engine (closed by the app's shutdown).
@@ -65,6 +48,7 @@ class Service:
         self.created = int(time.time())
         self.budget = "auto" if engine.auto is not None else engine.budget
         self.tree = engine.tree_mode if engine.active_drafter is not None or engine.auto is not None else "plain"
+        self.tools_ok = template_renders_tools(engine.target.model.meta("tokenizer.chat_template"))
 
     # -- checks made before a request queues --------------------------------------------
     def check_model(self, model: str) -> None:
@@ -77,25 +61,14 @@ class Service:
     def check_supported(req) -> None:
         """Raise a 400 for a field whose value this server cannot honour (n > 1, logprobs, tools...)."""
         name = req.unsupported()
-        if name is not None:
-            raise APIError(400, f"'{name}' is not supported by this server; leave it out.", param=name,
-                           code="unsupported_parameter")
-
-    @staticmethod
-    def chat_messages(req: ChatRequest) -> list[dict]:
-        """The request's messages as ``{"role", "content"}`` dicts for the chat template.
-
-        Raises a 400 for no messages or an unknown role ("developer" becomes "system").
-        """
-        if not req.messages:
-            raise APIError(400, "'messages' must hold at least one message.", param="messages", code="empty_array")
-        out = []
-        for i, m in enumerate(req.messages):
-            if m.role not in ROLES:
-                raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; supported roles are "
-                               f"{', '.join(ROLES)}.", param=f"messages[{i}].role", code="invalid_value")
-            out.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
-        return out
+        if name is None:
+            return
+        how = "leave it out."
+        if name in TOOL_CHOICE or name in TOOL_CHOICE.values():
+            how = ("this server has no function calling. Leave out 'tools' and 'tool_choice', or send "
+                   "\"tool_choice\": \"none\" to have the tools ignored and a text answer.")
+        raise APIError(400, f"'{name}' is not supported by this server; {how}", param=name,
+                       code="unsupported_parameter")
 
     @staticmethod
     def completion_prompt(req: CompletionRequest) -> str:
@@ -107,30 +80,27 @@ class Service:
                            "(one completion per request).", param="prompt", code="invalid_value")
         return req.prompt[0]
 
-    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str, field: str) -> int:
-        """The max_tokens to generate: ``limit``, or the rest of the context when None.
+    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str) -> int:
+        """The max_tokens to generate: ``limit``, cut to what the context leaves after the prompt
+        (all of it when ``limit`` is None). A cut answer ends with finish_reason "length", as with
+        llama.cpp's server and Ollama.
 
-        Raises a 400 (code context_length_exceeded) when the prompt does not fit, or when the prompt
-        plus ``limit`` tokens would exceed the context; a 400 when the template rejects the messages.
+        Raises a 400 (code context_length_exceeded) when the prompt leaves no room to generate;
+        a 400 when it holds no tokens or the template rejects the messages. ``param`` names the
+        prompt's field in the errors ("messages" or "prompt").
         """
         try:
             n_prompt = len(await self.runner.prompt_tokens(prompt))
         except ValueError as e:  # ChatTemplateError
             raise APIError(400, str(e), param=param, code="invalid_value") from None
         if n_prompt == 0:
-            raise APIError(400, f"The {param} hold no tokens; send some text.", param=param, code="invalid_value")
-        if n_prompt + 1 > self.n_ctx:
-            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; the {param} take "
-                           f"{n_prompt} tokens (and at least 1 must be left to generate). Shorten them.",
+            raise APIError(400, f"'{param}' holds no tokens; send some text.", param=param, code="invalid_value")
+        room = self.n_ctx - n_prompt
+        if room < 1:
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; '{param}' came to "
+                           f"{n_prompt} tokens, and at least 1 must be left for the answer. Shorten '{param}'.",
                            param=param, code="context_length_exceeded")
-        if limit is None:
-            return self.n_ctx - n_prompt
-        if n_prompt + limit > self.n_ctx:
-            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; you requested "
-                           f"{n_prompt + limit} tokens ({n_prompt} in the {param}, {limit} in '{field}'). "
-                           f"Lower '{field}' to at most {self.n_ctx - n_prompt} or shorten the {param}.",
-                           param=field, code="context_length_exceeded")
-        return limit
+        return room if limit is None else min(limit, room)
 
     # -- responses ----------------------------------------------------------------------
     def usage(self, stats: GenerationStats) -> dict:
@@ -169,11 +139,17 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, max_body_bytes: int | None = None,
+               cors_origins: Sequence[str] = ()) -> FastAPI:
     """The FastAPI application serving ``engine`` as model ``model_name``.
 
-    ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``. The app closes
-    the Engine at shutdown (after the running generation ends).
+    ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``.
+    ``max_body_bytes``: when set, a request body over this many bytes is a 413 error, refused from
+    its Content-Length before it is read, or once the bytes read pass the limit (chunked bodies).
+    ``cors_origins``: web origins (``"http://localhost:3000"``, ``"*"``) whose pages may call the API
+    from a browser (Starlette's CORSMiddleware: GET and POST, any request header, no cookies);
+    preflight requests need no key, and every answer, errors included, carries the CORS headers.
+    The app closes the Engine at shutdown (after the running generation ends).
     """
     svc = Service(engine, model_name)
 
@@ -186,8 +162,13 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
                   lifespan=lifespan)
     app.state.service = svc
     install_handlers(app)
+    if max_body_bytes is not None:  # inside BearerAuth: a request without the key is a 401 whatever its size
+        app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
+    if cors_origins:  # added last: outermost, so it answers preflights and marks the 401 / 413 answers too
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
 
     def model_card() -> dict:
         return {"id": svc.model_name, "object": "model", "created": svc.created, "owned_by": "tfm-local",
@@ -195,11 +176,12 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        """Liveness and counters: status, model, busy (a generation runs or waits), finished and
-        cancelled generations since start (no API key needed)."""
+        """Liveness and counters: status, model, busy (a generation runs or waits), waiting (how many
+        requests hold or wait for the Engine), finished and cancelled generations since start (no API
+        key needed)."""
         r = svc.runner
-        return {"status": "ok", "model": svc.model_name, "busy": r.busy, "finished": r.n_finished,
-                "cancelled": r.n_cancelled}
+        return {"status": "ok", "model": svc.model_name, "busy": r.busy, "waiting": r.n_waiting,
+                "finished": r.n_finished, "cancelled": r.n_cancelled}
 
     @app.get("/v1/models")
     async def list_models() -> dict:
@@ -218,9 +200,8 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
         req = await parse_body(request, ChatRequest)
         svc.check_model(req.model)
         svc.check_supported(req)
-        messages = svc.chat_messages(req)
-        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages", field)
+        messages = template_messages(req.messages, svc.tools_ok)
+        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages")
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("chatcmpl"), int(time.time())
 
@@ -258,7 +239,7 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
         svc.check_model(req.model)
         svc.check_supported(req)
         prompt = svc.completion_prompt(req)
-        max_tokens = await svc.token_budget(prompt, req.token_limit(), "prompt", "max_tokens")
+        max_tokens = await svc.token_budget(prompt, req.token_limit(), "prompt")
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("cmpl"), int(time.time())
 

@@ -2,11 +2,14 @@
 
 Only the fields the engine can honour are declared; other OpenAI fields are
 accepted and ignored (clients send many), except the few in
-``UNSUPPORTED`` whose non-default values would change the answer's meaning
-(several choices, log-probabilities, tools, penalties): those are refused
-with a 400 rather than silently dropped.
+``UNSUPPORTED`` and ``TOOL_CHOICE`` whose non-default values would change
+the answer's meaning (several choices, log-probabilities, tools to call,
+penalties): those are refused with a 400 rather than silently dropped.
 
 Types are strict: ``"max_tokens": "5"`` or ``1.5`` is a 400, not a coercion.
+An explicit ``null`` for an optional field means the field is left out, as
+in OpenAI's API (``"stream": null`` is no stream); for a required field it
+is a 400.
 Ranges follow OpenAI (temperature 0..2, top_p 0..1). ``top_k`` and ``min_p``
 are extensions, as in llama.cpp's and vLLM's servers.
 """
@@ -14,39 +17,78 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-#: Chat roles a request may use; "developer" (OpenAI's newer name) is rendered as "system".
-ROLES = ("system", "developer", "user", "assistant")
+#: The largest max_tokens accepted (16 Mi tokens, beyond any context): a larger value is a client's error.
+#: Within it, a max_tokens past the end of the context is cut to what the context leaves (app.py).
+MAX_TOKENS = 1 << 24
 
 #: Field → the values that mean "off" (None always does); any other value is refused as unsupported.
-UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],),
-               "tool_choice": ("none",), "frequency_penalty": (0,), "presence_penalty": (0,), "best_of": (1,),
-               "echo": (False,), "suffix": ("",), "logit_bias": ({},), "response_format": ({"type": "text"},)}
+UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tool_choice": ("none", "auto"),
+               "function_call": ("none", "auto"), "frequency_penalty": (0,), "presence_penalty": (0,),
+               "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
+               "response_format": ({"type": "text"},)}
+
+#: Function calling (none here): a non-empty tool list is refused unless its choice field is "none",
+#: which tells the model not to call them: the tools are then ignored.
+TOOL_CHOICE = {"tools": "tool_choice", "functions": "function_call"}
 
 
-class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices)."""
+class _Body(BaseModel):
+    """A JSON object of a request: strict types, unknown fields ignored, null = an optional field left out."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        """``data`` without the null values of optional fields (and of unknown ones); a required field's
+        null stays, to fail its type check."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or (k in fields and fields[k].is_required())}
+
+
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices)."""
+
     include_usage: bool = False
 
 
-class TextPart(BaseModel):
+class TextPart(_Body):
     """One ``{"type": "text", "text": ...}`` part of a message's content."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
-    """One chat message; ``content`` is a string or a list of text parts (images are refused)."""
+class FunctionCall(_Body):
+    """The function of a tool call: its name and ``arguments`` (a JSON string, or an object)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCall(_Body):
+    """One tool call of an earlier assistant message (``messages[i].tool_calls``)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Body):
+    """One chat message; ``content`` is a string or a list of text parts (images are refused).
+
+    ``tool_calls`` (assistant) and ``tool_call_id`` (role "tool") carry earlier tool use (messages.py).
+    """
+
     role: str
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The content as one string (text parts joined without separator; None → "")."""
@@ -57,12 +99,12 @@ class Message(BaseModel):
         return "".join(p.text for p in self.content)
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     """Fields shared by chat and text completions."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -79,6 +121,9 @@ class _Sampling(BaseModel):
     def unsupported(self) -> str | None:
         """Name of the first field set to a value this server cannot honour, else None."""
         extra = self.model_extra or {}
+        for name, choice in TOOL_CHOICE.items():
+            if extra.get(name) and extra.get(choice) != "none":
+                return name
         for name, off in UNSUPPORTED.items():
             value = extra.get(name)
             if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
@@ -105,7 +150,7 @@ class ChatRequest(_Sampling):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` is OpenAI's newer name for ``max_tokens``."""
 
     messages: list[Message]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
 
     def token_limit(self) -> int | None:
         """max_completion_tokens, else max_tokens, else None (up to the end of the context)."""

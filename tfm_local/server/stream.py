@@ -14,6 +14,10 @@ went away and the task was cancelled — closes the Engine's iterator and
 releases the lock. A cancelled pull waits for the step running in the
 thread to finish, so the Engine is idle whenever the lock is free.
 
+``EngineRunner.stop`` (the server is shutting down) makes the running
+generation end before its next piece, with a 503 APIError (an error event
+when streaming), and every request still waiting for the Engine a 503.
+
 ``ClosingEventSourceResponse`` is the streaming response: when the client
 disconnects, Starlette cancels the transfer with the body generator
 suspended; this response closes the generator explicitly (shielded from the
@@ -41,6 +45,12 @@ _END = object()
 T = TypeVar("T")
 
 
+def shutting_down() -> APIError:
+    """The 503 for a generation stopped or refused because the server is shutting down."""
+    return APIError(503, "The server is shutting down; this generation was stopped or not started.",
+                    type="server_error", code="server_shutting_down")
+
+
 class Generation:
     """The text pieces of one running generation, as an async iterator.
 
@@ -56,6 +66,8 @@ class Generation:
         return self
 
     async def __anext__(self) -> str:
+        if self._runner.stopping:
+            raise shutting_down()
         piece = await self._runner.call(next, self._pieces, _END)
         if piece is _END:
             self.stats = self._engine.stats
@@ -76,7 +88,8 @@ class EngineRunner:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfm-engine")
         self.n_waiting = 0    # requests queued or running
         self.n_finished = 0   # generations that ran to their end (stop or length)
-        self.n_cancelled = 0  # generations stopped early (client gone, error)
+        self.n_cancelled = 0  # generations stopped early (client gone, error, shutdown)
+        self.stopping = False
 
     async def call(self, fn: Callable[..., T], *args) -> T:
         """``fn(*args)`` in the Engine's worker thread.
@@ -101,9 +114,14 @@ class EngineRunner:
         """True while a generation runs or waits."""
         return self.n_waiting > 0
 
+    def stop(self) -> None:
+        """Stop serving: the running generation ends before its next piece, waiting ones are refused
+        (503 ``server_shutting_down``). It only sets a flag, so a signal handler may call it."""
+        self.stopping = True
+
     def _live(self):
-        if self.engine is None or self.engine.target is None:
-            raise APIError(503, "The server is shutting down.", type="server_error", code="unavailable")
+        if self.stopping or self.engine is None or self.engine.target is None:
+            raise shutting_down()
         return self.engine
 
     async def prompt_tokens(self, prompt: str | list[dict]) -> list[int]:
@@ -120,7 +138,7 @@ class EngineRunner:
 
         ``kwargs`` go to ``Engine.generate`` (temperature, top_p, top_k, min_p, seed, stop).
         Raises APIError: 400 for what ``Engine.generate`` refuses (ValueError, ContextOverflowError)
-        before the first piece, 503 once the runner is closed.
+        before the first piece, 503 once the runner is stopped or closed (also from the iterator).
         """
         self.n_waiting += 1
         try:
