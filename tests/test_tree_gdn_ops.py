@@ -348,3 +348,50 @@ def test_conv_commit_then_plain_conv_equals_tree_conv(device):
     state = tree_ops.ssm_conv_tree_commit(sx, np.array([root_path(parent, a)], np.int32), d, device=device)
     nxt = np.concatenate([state, sx[:, :, d - 1 + child:d + child]], axis=2)  # [B, C, d]: state then the child
     np.testing.assert_allclose(tree_ops.ssm_conv(nxt, c, device=device)[:, 0], tree_out[:, child], rtol=0, atol=err["conv"])
+
+
+def measure_errors(device: str = "cpu") -> dict[str, float]:
+    """Largest error of each quantity over the test shapes (for docs/gdn-tree.md): name -> rel_err."""
+    worst: dict[str, float] = {}
+
+    def upd(name, x, ref):
+        worst[name] = max(worst.get(name, 0.0), rel_err(x, ref))
+
+    for S in (64, 128):
+        for kda in (False, True):
+            for kind, N in TREES:
+                rng = _rng(S, kda, kind, N)
+                parent = make_tree(kind, N, rng)
+                q, k, v, g, beta, state = make_inputs(rng, 1, N, 4, 2, S, kda)
+                o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent, device=device)
+                ro, ru, rg = ref_tree(q, k, v, g, beta, state, parent)
+                upd("o", o, ro)
+                upd("u", u, ru)
+                upd("gamma", gamma, rg)
+                p = root_path(parent, int(np.argmax(tree_depths(parent))))
+                s_new = tree_ops.gated_delta_net_tree_commit(state, kc, u, gamma, np.array([p], np.int32), device=device)
+                upd("state", s_new[0], ref_path(q, k, v, g, beta, state, 0, p)[3])
+            rng = _rng("chain", S, kda)
+            N = 24
+            q, k, v, g, beta, state = make_inputs(rng, 2, N, 4, 2, S, kda)
+            chain = make_tree("chain", N, rng)
+            o_ref, s_ref = tree_ops.gated_delta_net(q, k, v, g, beta, state, device=device)
+            o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, chain, device=device)
+            upd("chain_o", o, o_ref)
+            upd("chain_state", tree_ops.gated_delta_net_tree_commit(
+                state, kc, u, gamma, np.tile(np.arange(N, dtype=np.int32), (2, 1)), device=device), s_ref)
+            upd("gated_delta_net_o", o_ref, ref_tree(q, k, v, g, beta, state, chain)[0])
+    for d in (2, 4):
+        for kind, N in TREES:
+            rng = _rng("conv", d, kind, N)
+            parent = make_tree(kind, N, rng)
+            sx, c = _conv_inputs(rng, 2, 256, N, d)
+            upd("conv", tree_ops.ssm_conv_tree(sx, c, parent, device=device), ref_conv_tree(sx, c, parent))
+    return worst
+
+
+if __name__ == "__main__":  # python tests/test_tree_gdn_ops.py [cpu|gpu]: the measured maxima
+    import sys
+
+    for name, value in measure_errors(sys.argv[1] if len(sys.argv) > 1 else "cpu").items():
+        print(f"{name:18s} {value:.1e}")
