@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 3
+API_VERSION = 4
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -27,6 +27,9 @@ bool tfm_tree_set(void * ctx, const int32_t * parents, uint32_t n_nodes);
 bool tfm_tree_commit(void * ctx, const int32_t * keep, uint32_t n_keep);
 int32_t tfm_topk_attach(void * ctx, int32_t k, int32_t n_rows);
 int32_t tfm_topk_get(void * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids, float * logp);
+int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                    const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                    float * out, int64_t out_n);
 """
 
 
@@ -150,3 +153,45 @@ def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     if got != k:
         raise NativeError(f"no backend top-{k} result for rows {i0}..{i0 + n - 1} (got {got})")
     return ids, logp
+
+
+# op ids of tfm_test_op (tfm-ext.h)
+TEST_OPS = {"gdn": 0, "gdn_tree": 1, "gdn_commit": 2, "conv": 3, "conv_tree": 4, "conv_commit": 5}
+
+
+class OpUnavailable(NativeError):
+    """The requested device is absent, or it does not support the op with these shapes."""
+
+
+def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n_threads: int = 2) -> np.ndarray:
+    """Run one ggml op (``TEST_OPS``) on host arrays through ``tfm_test_op``; returns float32 ``[out_size]``.
+
+    ``srcs`` are numpy arrays in the op's argument order (see tfm-ext.h), float32 or int32,
+    of at most 4 dimensions; numpy shape ``(d3, d2, d1, d0)`` is ggml's ``ne = [d0, d1, d2, d3]``.
+    ``out_size`` must be the result's element count. The result tensor is NaN-filled before the
+    run. ``device``: ``"cpu"`` (``n_threads`` threads) or ``"gpu"`` (the first GPU device).
+    Raises OpUnavailable when the device is absent or cannot run the op, ValueError on bad arguments.
+    """
+    ffi, h = lib()
+    arrays, ne, types = [], [], []
+    for a in srcs:
+        a = np.asarray(a)
+        if a.dtype not in (np.float32, np.int32) or a.ndim > 4:
+            raise ValueError(f"test_op sources must be float32/int32 with <= 4 dims, got {a.dtype} {a.shape}")
+        arrays.append(np.ascontiguousarray(a))
+        ne += list(a.shape[::-1]) + [1] * (4 - a.ndim)
+        types.append(0 if a.dtype == np.float32 else 1)
+    ptrs = ffi.new("void *[]", [ffi.from_buffer(a) for a in arrays])
+    out = np.full(out_size, np.nan, dtype=np.float32)
+    dev = {"cpu": 0, "gpu": 1}.get(device)
+    if dev is None:
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    rc = h.tfm_test_op(TEST_OPS[op], len(arrays), ptrs, ffi.new("int64_t[]", ne), ffi.new("int32_t[]", types),
+                       int(iparam), dev, int(n_threads), ffi.from_buffer("float[]", out), out_size)
+    if rc == -2:
+        raise OpUnavailable(f"no {device} device in this build")
+    if rc == -3:
+        raise OpUnavailable(f"the {device} device does not support {op} with these shapes")
+    if rc != 0:
+        raise ValueError(f"tfm_test_op({op}) failed: bad arguments or output size {out_size}")
+    return out

@@ -5,6 +5,10 @@
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
 
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -13,7 +17,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 3;
+    return 4;
 }
 
 void tfm_set_layer_inp(llama_context * ctx, uint32_t il, bool value) {
@@ -285,4 +289,107 @@ int32_t tfm_topk_get(llama_context * ctx, int32_t i0, int32_t n, int32_t k, int3
         }
     }
     return k;
+}
+
+// -- test entry point of the tree ops (patch 0005) ----------------------------------------------
+
+namespace {
+
+// the op's result tensor for the given sources (argument order as in tfm-ext.h), or nullptr
+ggml_tensor * test_op_build(ggml_context * ctx, int32_t op, const std::vector<ggml_tensor *> & s, int32_t iparam) {
+    const size_t n = s.size();
+    switch (op) {
+        case TFM_OP_GDN:
+            return n == 6 ? ggml_gated_delta_net(ctx, s[0], s[1], s[2], s[3], s[4], s[5], 1) : nullptr;
+        case TFM_OP_GDN_TREE:
+            return n == 7 ? ggml_gated_delta_net_tree(ctx, s[0], s[1], s[2], s[3], s[4], s[5], s[6]) : nullptr;
+        case TFM_OP_GDN_COMMIT:
+            return n == 5 ? ggml_gated_delta_net_tree_commit(ctx, s[0], s[1], s[2], s[3], s[4]) : nullptr;
+        case TFM_OP_CONV:
+            return n == 2 ? ggml_ssm_conv(ctx, s[0], s[1]) : nullptr;
+        case TFM_OP_CONV_TREE:
+            return n == 3 ? ggml_ssm_conv_tree(ctx, s[0], s[1], s[2]) : nullptr;
+        case TFM_OP_CONV_COMMIT:
+            return n == 2 ? ggml_ssm_conv_tree_commit(ctx, s[0], s[1], iparam) : nullptr;
+        default:
+            return nullptr;
+    }
+}
+
+} // namespace
+
+int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                    const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                    float * out, int64_t out_n) {
+    if (n_src < 1 || n_src > GGML_MAX_SRC || src == nullptr || ne == nullptr || types == nullptr || out == nullptr) {
+        return -1;
+    }
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(device == 0 ? GGML_BACKEND_DEVICE_TYPE_CPU
+                                                                   : GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (dev == nullptr || device < 0 || device > 1) {
+        return -2;
+    }
+
+    ggml_init_params params = {
+        /*.mem_size   =*/ (size_t) (n_src + 1) * ggml_tensor_overhead() + ggml_graph_overhead_custom(8, false),
+        /*.mem_buffer =*/ nullptr,
+        /*.no_alloc   =*/ true,
+    };
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return -1;
+    }
+    std::vector<ggml_tensor *> srcs;
+    for (int32_t i = 0; i < n_src; ++i) {
+        if (types[i] != 0 && types[i] != 1) {
+            ggml_free(ctx);
+            return -1;
+        }
+        srcs.push_back(ggml_new_tensor_4d(ctx, types[i] == 0 ? GGML_TYPE_F32 : GGML_TYPE_I32,
+                                          ne[4*i], ne[4*i + 1], ne[4*i + 2], ne[4*i + 3]));
+    }
+    ggml_tensor * res = test_op_build(ctx, op, srcs, iparam);
+    if (res == nullptr || res->type != GGML_TYPE_F32 || ggml_nelements(res) != out_n) {
+        ggml_free(ctx);
+        return -1;
+    }
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 8, false);
+    ggml_build_forward_expand(gf, res);
+
+    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+    if (backend == nullptr) {
+        ggml_free(ctx);
+        return -2;
+    }
+    int32_t rc = 0;
+    ggml_backend_buffer_t buf = nullptr;
+    if (!ggml_backend_supports_op(backend, res)) {
+        rc = -3;
+    } else if ((buf = ggml_backend_alloc_ctx_tensors(ctx, backend)) == nullptr) {
+        rc = -1;
+    } else {
+        if (device == 0) {
+            auto * set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(
+                ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads");
+            if (set_threads != nullptr) {
+                set_threads(backend, std::max(1, n_threads));
+            }
+        }
+        for (int32_t i = 0; i < n_src; ++i) {
+            ggml_backend_tensor_set(srcs[i], src[i], 0, ggml_nbytes(srcs[i]));
+        }
+        const std::vector<float> poison((size_t) out_n, NAN);
+        ggml_backend_tensor_set(res, poison.data(), 0, ggml_nbytes(res));
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            rc = -1;
+        } else {
+            ggml_backend_tensor_get(res, out, 0, ggml_nbytes(res));
+        }
+    }
+    if (buf != nullptr) {
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_backend_free(backend);
+    ggml_free(ctx);
+    return rc;
 }

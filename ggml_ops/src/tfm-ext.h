@@ -64,6 +64,34 @@ LLAMA_API int32_t tfm_topk_attach(struct llama_context * ctx, int32_t k, int32_t
 LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n, int32_t k,
                                int32_t * ids, float * logp);
 
+// Test entry point of the tree ops of patch 0005 (and of the plain ops they extend): builds a
+// one-op ggml graph on a backend, runs it on host buffers and copies the result back.
+//   op     : one of TFM_OP_* below
+//   src    : n_src host buffers, contiguous; src i has shape ne[4*i .. 4*i+3] (ggml order,
+//            ne[0] fastest) and type types[i] (0 = F32, 1 = I32), in the op's argument order:
+//              GDN         q, k, v, g, beta, state          (ggml_gated_delta_net, K = 1)
+//              GDN_TREE    q, k, v, g, beta, state, parent  (ggml_gated_delta_net_tree)
+//              GDN_COMMIT  state, k, u, gamma, path         (ggml_gated_delta_net_tree_commit)
+//              CONV        sx, c                            (ggml_ssm_conv)
+//              CONV_TREE   sx, c, parent                    (ggml_ssm_conv_tree)
+//              CONV_COMMIT sx, path; iparam = d_conv        (ggml_ssm_conv_tree_commit)
+//   device : 0 = CPU backend (n_threads threads), 1 = the first GPU device
+//   out    : receives the result, out_n floats (must equal its element count); the result
+//            tensor is filled with NaN before the run, so elements the op leaves unwritten show.
+// Returns 0 on success, -1 on bad arguments, -2 when there is no such device, -3 when the
+// device does not support the op with these shapes. Shapes the op rejects abort (GGML_ASSERT).
+enum {
+    TFM_OP_GDN         = 0,
+    TFM_OP_GDN_TREE    = 1,
+    TFM_OP_GDN_COMMIT  = 2,
+    TFM_OP_CONV        = 3,
+    TFM_OP_CONV_TREE   = 4,
+    TFM_OP_CONV_COMMIT = 5,
+};
+LLAMA_API int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                              const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                              float * out, int64_t out_n);
+
 #ifdef __cplusplus
 }
 #endif
