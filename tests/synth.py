@@ -2,7 +2,7 @@
 
 ``write_tiny_target`` writes a random-weight decoder (arch ``qwen2``,
 ``llama`` or ``gemma3``, the last with a few-token sliding window on some
-layers) that llama.cpp loads and runs in milliseconds, with a small
+layers; or the Gated-DeltaNet hybrid ``qwen35``, see ``write_tiny_qwen35``) that llama.cpp loads and runs in milliseconds, with a small
 byte-level BPE tokenizer built here: the 256 byte tokens, merges learned
 from a short built-in text, the ChatML special tokens and a few unused
 padding ids at the end of the vocabulary (token type UNUSED, the way
@@ -49,7 +49,7 @@ _TOKEN_NORMAL = int(gguf.TokenType.NORMAL)
 _TOKEN_CONTROL = int(gguf.TokenType.CONTROL)
 _TOKEN_UNUSED = int(gguf.TokenType.UNUSED)
 
-_SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3")
+_SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3", "qwen35")
 
 #: gemma3 scales the input embedding by sqrt(n_embd) and RMS-normalises every sub-layer output
 #: (post-attention / post-FFN norms), so with unit norm weights the tied embedding of the current
@@ -195,10 +195,9 @@ class TinyVocab:
         writer.add_chat_template(chat_template)
 
 
-def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
-                n_head_kv: int, n_ff: int, n_ctx_train: int, n_vocab: int, n_swa: int = 0,
-                swa_pattern: int = 0) -> None:
-    """Add the model hyper-parameters (``{arch}.*`` keys) to ``writer``."""
+def _common_hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
+                       n_head_kv: int, n_ff: int, n_ctx_train: int, rope_base: float) -> None:
+    """The keys every tiny decoder has: name, sizes, head counts, rope base, RMS eps, F32 file type."""
     writer.add_name(f"tfm-tiny-{arch}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
@@ -206,9 +205,30 @@ def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_freq_base(10_000.0 if arch == "llama" else 1_000_000.0)
+    writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+
+def _write_all(writer: gguf.GGUFWriter, vocab: "TinyVocab", tensors: dict[str, np.ndarray],
+               chat_template: str) -> None:
+    """Add the tokenizer and ``tensors`` to ``writer``, write the file and close it."""
+    vocab.write_to(writer, chat_template)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
+                n_head_kv: int, n_ff: int, n_ctx_train: int, n_vocab: int, n_swa: int = 0,
+                swa_pattern: int = 0) -> None:
+    """Add the model hyper-parameters (``{arch}.*`` keys) to ``writer``."""
+    _common_hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                       n_ff=n_ff, n_ctx_train=n_ctx_train,
+                       rope_base=10_000.0 if arch == "llama" else 1_000_000.0)
     if arch == "llama":
         writer.add_vocab_size(n_vocab)
         writer.add_rope_dimension_count(n_embd // n_head)
@@ -233,6 +253,26 @@ def _gemma3_hparams_to(writer: gguf.GGUFWriter, *, head_dim: int, n_swa: int, sw
         writer.add_rope_freq_base_swa(10_000.0)
 
 
+def _random_weights(rng: np.random.Generator, *, n_vocab: int, n_embd: int, logit_std: float):
+    """Weight makers and the embedding / final norm of the tiny decoders.
+
+    Returns ``(mat, norm, tensors)``: ``mat(rows, cols)`` draws a (rows, cols) float32 matrix
+    N(0, 1/cols), ``norm(n)`` an RMSNorm weight ≈ 1; ``tensors`` holds ``token_embd.weight``
+    (n_vocab, n_embd), rows of norm ≈ ``logit_std``, and ``output_norm.weight`` (n_embd).
+    """
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {
+        "token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * logit_std / np.sqrt(n_embd)).astype(np.float32),
+        "output_norm.weight": norm(n_embd),
+    }
+    return mat, norm, t
+
+
 def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_embd: int,
                         n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
                         logit_std: float = 3.0) -> dict[str, np.ndarray]:
@@ -251,17 +291,7 @@ def tiny_target_tensors(rng: np.random.Generator, arch: str, *, n_layer: int, n_
     """
     head_dim = n_embd // n_head
     n_kv = n_head_kv * head_dim
-
-    def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    t: dict[str, np.ndarray] = {
-        "token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * logit_std / np.sqrt(n_embd)).astype(np.float32),
-        "output_norm.weight": norm(n_embd),
-    }
+    mat, norm, t = _random_weights(rng, n_vocab=n_vocab, n_embd=n_embd, logit_std=logit_std)
     for i in range(n_layer):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(n_embd)
@@ -294,7 +324,8 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
     Args:
         path: output file (overwritten).
         arch: "qwen2" (q/k/v biases, NeoX rope), "llama" or "gemma3" (q/k
-            norms, sandwich norms, GELU FFN, sliding window on some layers).
+            norms, sandwich norms, GELU FFN, sliding window on some layers),
+            or "qwen35" (``write_tiny_qwen35`` with its default recurrent sizes).
         n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train: model sizes;
             n_embd must be divisible by n_head, n_head by n_head_kv.
         seed: RNG seed; equal arguments give a byte-identical file.
@@ -315,6 +346,10 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
     """
     if arch not in _SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {_SUPPORTED_ARCHS}, got {arch!r}")
+    if arch == "qwen35":
+        return write_tiny_qwen35(path, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                                 n_ff=n_ff, n_ctx_train=n_ctx_train, seed=seed, n_vocab=n_vocab,
+                                 chat_template=chat_template)
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be divisible by n_head and n_head by n_head_kv")
     if n_swa < 0 or swa_pattern < 0:
@@ -328,13 +363,124 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
     _hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                 n_ff=n_ff, n_ctx_train=n_ctx_train, n_vocab=vocab.n_vocab, n_swa=n_swa,
                 swa_pattern=swa_pattern)
-    vocab.write_to(writer, chat_template)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write_all(writer, vocab, tensors, chat_template)
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# qwen35: the Gated DeltaNet hybrid (linear-attention layers, a full-attention layer every
+# ``full_attention_interval`` layers), with the tensor layout of llama.cpp's qwen35 loader.
+# --------------------------------------------------------------------------------------
+
+def tiny_qwen35_tensors(rng: np.random.Generator, *, n_layer: int, n_embd: int, n_head: int,
+                        n_head_kv: int, head_dim: int, n_ff: int, n_vocab: int, full_attn_interval: int,
+                        d_state: int, n_k_heads: int, n_v_heads: int, d_conv: int,
+                        logit_std: float = 3.0) -> dict[str, np.ndarray]:
+    """Random qwen35 weights, float32, numpy shape order (GGUF ``ne`` reversed).
+
+    Layer ``il`` is full attention when ``(il + 1) % full_attn_interval == 0``,
+    otherwise a Gated DeltaNet layer with S = ``d_state`` (key and value head
+    size), H_k = ``n_k_heads``, H_v = ``n_v_heads``:
+
+    - attention: ``attn_q`` (2·n_head·head_dim, n_embd) (query and output gate
+      interleaved per head), ``attn_k`` / ``attn_v`` (n_head_kv·head_dim, n_embd),
+      ``attn_output`` (n_embd, n_head·head_dim), ``attn_q_norm`` / ``attn_k_norm`` (head_dim);
+    - DeltaNet: ``attn_qkv`` (2·S·H_k + S·H_v, n_embd), ``attn_gate`` (S·H_v, n_embd),
+      ``ssm_conv1d`` (2·S·H_k + S·H_v, d_conv), ``ssm_dt.bias`` (H_v), ``ssm_a`` (H_v, negative:
+      −exp(A_log)), ``ssm_beta`` / ``ssm_alpha`` (H_v, n_embd), ``ssm_norm`` (S),
+      ``ssm_out`` (n_embd, S·H_v);
+    - every layer: ``attn_norm``, ``post_attention_norm`` (n_embd), SwiGLU FFN.
+
+    The decay e^g per step, g = softplus(alpha + dt) · a, lies mostly in 0.4–0.95 so
+    the recurrent state carries several tokens of history.
+    """
+    mat, norm, t = _random_weights(rng, n_vocab=n_vocab, n_embd=n_embd, logit_std=logit_std)
+    key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
+    conv_dim = 2 * key_dim + value_dim
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(n_embd)
+        t[p + "post_attention_norm.weight"] = norm(n_embd)
+        if (i + 1) % full_attn_interval == 0:
+            t[p + "attn_q.weight"] = mat(2 * n_head * head_dim, n_embd)
+            t[p + "attn_k.weight"] = mat(n_head_kv * head_dim, n_embd)
+            t[p + "attn_v.weight"] = mat(n_head_kv * head_dim, n_embd)
+            t[p + "attn_output.weight"] = mat(n_embd, n_head * head_dim)
+            t[p + "attn_q_norm.weight"] = norm(head_dim)
+            t[p + "attn_k_norm.weight"] = norm(head_dim)
+        else:
+            t[p + "attn_qkv.weight"] = mat(conv_dim, n_embd)
+            t[p + "attn_gate.weight"] = mat(value_dim, n_embd)
+            t[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, d_conv)) / np.sqrt(d_conv)).astype(np.float32)
+            t[p + "ssm_dt.bias"] = (0.3 * rng.standard_normal(n_v_heads)).astype(np.float32)
+            t[p + "ssm_a"] = (-np.exp(rng.uniform(-2.0, -0.5, n_v_heads))).astype(np.float32)
+            t[p + "ssm_beta.weight"] = mat(n_v_heads, n_embd)
+            t[p + "ssm_alpha.weight"] = mat(n_v_heads, n_embd)
+            t[p + "ssm_norm.weight"] = norm(d_state)
+            t[p + "ssm_out.weight"] = mat(n_embd, value_dim)
+        t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+        t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+        t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
+    return t
+
+
+def write_tiny_qwen35(path: str | Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
+                      n_head_kv: int = 2, head_dim: int = 16, n_rot: int = 8, n_ff: int = 128,
+                      n_ctx_train: int = 2048, full_attn_interval: int = 2, d_state: int = 16,
+                      n_k_heads: int = 2, n_v_heads: int = 4, d_conv: int = 4, seed: int = 0,
+                      n_vocab: int | None = None, chat_template: str = CHATML_TEMPLATE) -> Path:
+    """Write a random-weight qwen35 (Gated DeltaNet hybrid) GGUF that llama.cpp loads and runs.
+
+    Args:
+        path: output file (overwritten).
+        n_layer: decoder layers; layer il is full attention when
+            (il + 1) % full_attn_interval == 0, Gated DeltaNet otherwise
+            (defaults: layers 0, 2 DeltaNet, 1, 3 attention).
+        n_embd, n_ff, n_ctx_train: model sizes.
+        n_head, n_head_kv, head_dim, n_rot: attention layers (IMRoPE over the
+            first n_rot dims of each head, sections [n_rot/4, n_rot/8, n_rot/8, 0]).
+        d_state: S, the key and value head size of the DeltaNet layers.
+        n_k_heads, n_v_heads: H_k (q/k heads) and H_v (v heads, the state's
+            heads); H_v must be a multiple of H_k (H_v > H_k broadcasts q/k).
+        d_conv: kernel of the short causal conv on q/k/v.
+        seed, n_vocab, chat_template: as in ``write_tiny_target``.
+
+    Returns:
+        the path written, as a Path. F32 tensors, tied embeddings.
+
+    Raises:
+        ValueError: H_v not a multiple of H_k, n_rot not a multiple of 8 or
+            above head_dim, or no layer of one of the two kinds.
+    """
+    if n_v_heads % n_k_heads:
+        raise ValueError("n_v_heads must be a multiple of n_k_heads")
+    if n_rot % 8 or n_rot > head_dim:
+        raise ValueError("n_rot must be a multiple of 8 and at most head_dim")
+    kinds = {(i + 1) % full_attn_interval == 0 for i in range(n_layer)}
+    if kinds != {True, False}:
+        raise ValueError("n_layer and full_attn_interval must give both attention and DeltaNet layers")
+    path = Path(path)
+    arch = "qwen35"
+    vocab = TinyVocab(n_vocab=n_vocab)
+    rng = np.random.default_rng(seed)
+    tensors = tiny_qwen35_tensors(rng, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                                  head_dim=head_dim, n_ff=n_ff, n_vocab=vocab.n_vocab,
+                                  full_attn_interval=full_attn_interval, d_state=d_state,
+                                  n_k_heads=n_k_heads, n_v_heads=n_v_heads, d_conv=d_conv)
+    writer = gguf.GGUFWriter(str(path), arch)
+    _common_hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                       n_ff=n_ff, n_ctx_train=n_ctx_train, rope_base=1_000_000.0)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(n_rot)
+    writer.add_array(f"{arch}.rope.dimension_sections", [n_rot // 4, n_rot // 8, n_rot // 8, 0])
+    writer.add_uint32(f"{arch}.full_attention_interval", full_attn_interval)
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
+    writer.add_uint32(f"{arch}.ssm.inner_size", d_state * n_v_heads)
+    writer.add_uint32(f"{arch}.ssm.state_size", d_state)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", n_v_heads)
+    writer.add_uint32(f"{arch}.ssm.group_count", n_k_heads)
+    _write_all(writer, vocab, tensors, chat_template)
     return path
 
 

@@ -86,6 +86,16 @@ def run_ids(engine, prompt, n, sp=SamplingParams()):
     return list(engine.generate_ids(engine.prompt_tokens(prompt), n, sp))
 
 
+def run_with_drafter(engine, drafter, prompt, n, sp=SamplingParams()):
+    """``run_ids`` with ``engine.drafter`` replaced by ``drafter`` (e.g. an oracle wrapping it) meanwhile."""
+    real = engine.drafter
+    engine.drafter = drafter
+    try:
+        return run_ids(engine, prompt, n, sp)
+    finally:
+        engine.drafter = real
+
+
 @pytest.mark.parametrize("p_wrong", [0.0, 0.15, 0.5])
 def test_greedy_speculative_equals_plain(engine, plain, p_wrong):
     for prompt in PROMPTS:

@@ -138,3 +138,28 @@ def test_tokenizer_round_trip(tmp_path, lc, text):
         assert lc.llama_vocab_is_eog(lc.llama_model_get_vocab(model), eos)
     finally:
         lc.llama_model_free(model)
+
+
+def test_qwen35_layout_loads_and_decodes(tmp_path):
+    """The tiny qwen35 hybrid: both layer kinds, H_v > H_k; batch decoding equals token-by-token decoding."""
+    path = synth.write_tiny_target(tmp_path / "q35.gguf", arch="qwen35", seed=3)
+    r = gguf.GGUFReader(path)
+    shapes = {t.name: tuple(int(x) for x in t.shape) for t in r.tensors}  # GGUF ne order
+    assert shapes["blk.0.attn_qkv.weight"] == (64, 2 * 16 * 2 + 16 * 4)      # q, k: H_k = 2; v: H_v = 4
+    assert shapes["blk.0.ssm_conv1d.weight"] == (4, 2 * 16 * 2 + 16 * 4)
+    assert shapes["blk.1.attn_q.weight"] == (64, 2 * 4 * 16)                # query + output gate
+    assert "blk.0.attn_q.weight" not in shapes and "blk.1.ssm_a" not in shapes
+    lc = synth.llama_cpp_lib()
+    model = synth.load_model(path)
+    ctx = synth.new_context(model)
+    ctx2 = synth.new_context(model)
+    try:
+        toks = synth.tokenize(model, "hello world. the quick brown fox")
+        full = synth.decode_tokens(ctx, toks)
+        rows = np.stack([synth.decode_tokens(ctx2, [t], i)[0] for i, t in enumerate(toks)])
+        assert np.isfinite(full).all() and 1.0 < full.std() < 10.0
+        assert np.abs(rows - full).max() < 1e-3 * np.abs(full).max()
+    finally:
+        lc.llama_free(ctx)
+        lc.llama_free(ctx2)
+        lc.llama_model_free(model)

@@ -17,7 +17,7 @@ from tfm_local.sampling import SamplingParams, target_probs
 from tfm_local.target import Target
 
 from synth import write_tiny_target
-from test_engine import OracleDrafter, PROMPTS, run_ids
+from test_engine import OracleDrafter, PROMPTS, run_ids, run_with_drafter
 
 
 #: Sliding window of the gemma3 target (tokens); the prompts and tree depths exceed it.
@@ -214,14 +214,8 @@ def test_tree_engine_greedy_equals_plain(target_path, mode):
     try:
         for prompt in PROMPTS:
             ref = run_ids(plain, prompt, 48)
-            ids = plain.prompt_tokens(prompt)
-            real = spec.drafter
-            spec.drafter = TreeOracle(real, len(ids), ref, 0.0)
-            try:
-                out = run_ids(spec, prompt, 48)
-            finally:
-                spec.drafter = real
-            assert out == ref
+            oracle = TreeOracle(spec.drafter, len(plain.prompt_tokens(prompt)), ref, 0.0)
+            assert run_with_drafter(spec, oracle, prompt, 48) == ref
             assert spec.stats.tau > 1.5
             assert run_ids(spec, prompt, 24) == ref[:24]  # the random drafter's trees too
         sp = SamplingParams(temperature=0.9, seed=3)

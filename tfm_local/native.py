@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 4
+API_VERSION = 5
 
 _CDEF = """
 int32_t tfm_api_version(void);

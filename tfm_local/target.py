@@ -148,7 +148,7 @@ class Target:
 
     def tree_rows(self, nodes) -> np.ndarray:
         """Batch rows of tree ``nodes`` in the last tree decode (for ``features``)."""
-        return self._tree_row[np.asarray(nodes)]
+        return self._tree_row[np.asarray(nodes, dtype=np.int64)]
 
     def commit_tree(self, path: list[int]) -> None:
         """Keep the tree nodes of ``path`` (root first) and free the other nodes' KV cells."""

@@ -38,12 +38,21 @@ LLAMA_API int32_t tfm_model_selector_top_k(const struct llama_model * model);
 // tokens: node i at position P + depth(i), parents[i] < i (-1 = child of the committed
 // prefix, i.e. a root); each node attends to the committed cells and to its ancestors only.
 // The tree must fit in one ubatch. parents = NULL or n_nodes = 0 clears tree mode.
-// Returns false when the context's memory has no attention KV cache.
+// Hybrid memories (attention + Gated DeltaNet layers; qwen35, qwen35moe, qwen3next): the recurrent
+// layers run the tree ops of patch 0005 (every node sees the recurrence along its own path; the conv and
+// recurrent states are not advanced) and stash per layer what tfm_tree_commit needs (patch 0006).
+// Returns false when the context's memory has no attention KV cache, on a parent outside -1..i-1, for a
+// hybrid of another architecture or with n_rs_seq > 0, or when the stash cannot be allocated.
 LLAMA_API bool tfm_tree_set(struct llama_context * ctx, const int32_t * parents, uint32_t n_nodes);
 
 // After a tree decode: keep the KV cells of nodes keep[0..n_keep) (the accepted root-to-node
 // path) and free every other node's cell by cell index, so that the cache holds exactly what
 // decoding the path alone would have stored. Clears tree mode. Returns false on a bad index.
+// Hybrid memories: keep must be a root-to-node path, root first (parent[keep[0]] = -1, parent[keep[m]]
+// = keep[m-1]); the conv and recurrent states of sequence 0 are then advanced along it by a small ggml
+// graph on the context's backend for their buffers (ggml_ssm_conv_tree_commit,
+// ggml_gated_delta_net_tree_commit on the stashed tree values: no model re-run, no host copy), and the
+// recurrent cell's position becomes the path's last. n_keep = 0 leaves the states as they were.
 LLAMA_API bool tfm_tree_commit(struct llama_context * ctx, const int32_t * keep, uint32_t n_keep);
 
 // Backend top-k log-probabilities (sequence 0; meant for the DFlash drafter's block rows).
