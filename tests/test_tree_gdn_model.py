@@ -177,21 +177,32 @@ def q35_engines(q35, tmp_path_factory):
     from tfm_convert.pipeline import init_random
 
     drafter, _ = init_random(q35, tmp_path_factory.mktemp("q35-drafter") / "d.gguf", layers=1, seed=3)
-    spec = Engine(q35, drafter, n_ctx=512, budget=16, tree="ddtree")
     plain = Engine(q35, None, n_ctx=512)
-    yield spec, plain
-    spec.close()
+    yield drafter, plain
     plain.close()
 
 
-@pytest.mark.parametrize("p_wrong", [0.0, 0.3])
-def test_engine_ddtree_greedy_equals_plain(q35_engines, p_wrong):
-    """DDTree steps (tree verify, commit of the accepted path) give plain greedy's tokens."""
-    spec, plain = q35_engines
-    for prompt in PROMPTS:
-        ref = run_ids(plain, prompt, 40)
-        oracle = TreeOracle(spec.drafter, len(plain.prompt_tokens(prompt)), ref, p_wrong)
-        assert run_with_drafter(spec, oracle, prompt, 40) == ref
-        if p_wrong == 0.0:
-            assert spec.stats.tau > 1.5, "oracle trees should be accepted"
-        assert run_ids(spec, prompt, 24) == ref[:24]  # the random drafter's own trees
+@pytest.mark.parametrize("mode,p_wrong", [("ddtree", 0.0), ("ddtree", 0.3), ("chain", 0.3)])
+def test_engine_greedy_equals_plain(q35, q35_engines, mode, p_wrong):
+    """DDTree and chain steps (a chain is verified as a chain-shaped tree on a hybrid: its state
+    cannot be truncated) give plain greedy's tokens."""
+    drafter, plain = q35_engines
+    spec = Engine(q35, drafter, n_ctx=512, budget=16, tree=mode)
+    try:
+        for prompt in PROMPTS:
+            ref = run_ids(plain, prompt, 40)
+            oracle = TreeOracle(spec.drafter, len(plain.prompt_tokens(prompt)), ref, p_wrong)
+            assert run_with_drafter(spec, oracle, prompt, 40) == ref
+            assert spec.stats.tau > 1.5, "oracle drafts should be accepted"
+            assert run_ids(spec, prompt, 24) == ref[:24]  # the random drafter's own drafts
+    finally:
+        spec.close()
+
+
+def test_target_refuses_to_truncate_a_hybrid(q35):
+    t = Target(q35, n_ctx=256, n_batch=64)
+    t.prefill(t.tok.encode(PROMPTS[0]))
+    t.verify([4, 5, 6])
+    with pytest.raises(ValueError):
+        t.commit(1, 3)
+    t.close()

@@ -228,7 +228,7 @@ class Engine:
         drafting = dft is not None and k > 0
         tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None) if drafting else (None, None)
         t1 = time.perf_counter()
-        if tree is not None and self.tree_mode != "chain":
+        if tree is not None and (self.tree_mode != "chain" or not tgt.can_truncate):
             logits = tgt.verify_tree(tree.tokens, tree.depth, tree.parents)
             walk = walk_tree(tree.parents, tree.tokens, lambda node: choose(logits[node]), max_tokens=remaining)
             tgt.commit_tree(walk.path)
@@ -238,7 +238,7 @@ class Engine:
             logits = tgt.verify(tokens)
             walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, lambda node: choose(logits[node]),
                              max_tokens=remaining)
-            tgt.commit(len(walk.path))
+            tgt.commit(len(walk.path), len(tokens))
             n_nodes, rows = len(tokens), np.asarray(walk.path)
         t2 = time.perf_counter()
         if dft is not None:  # a plain step's row waits for the next draft (one batched pass)

@@ -23,6 +23,11 @@ FEATURE_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next", "
                            "gemma3", "gemma4", "lfm2", "gpt-oss", "nemotron_h", "minimax-m2"})
 
 
+# Gated-DeltaNet hybrids: their recurrent state cannot be cut back to a position, so a draft is
+# verified in tree mode (patch 0006, a chain is a chain-shaped tree) and committed by tree_commit.
+RECURRENT_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
+
+
 MIN_CTX = 32
 
 
@@ -53,6 +58,9 @@ class Target:
         self.n_batch = n_batch
         self.feature_layers: list[int] = []
         self.n_past = 0
+        #: False for a recurrent (hybrid) target: ``commit`` can then only keep every verified token,
+        #: and drafts must be verified with ``verify_tree`` / ``commit_tree``.
+        self.can_truncate = self.model.arch not in RECURRENT_ARCHS
 
     # -- features ------------------------------------------------------------------------
     def set_features(self, layers: list[int]) -> None:
@@ -155,8 +163,14 @@ class Target:
         native.tree_commit(self.ctx.ptr, self.tree_rows(path))
         self.n_past += len(path)
 
-    def commit(self, n_keep: int) -> None:
-        """Keep the first ``n_keep`` verified tokens (root + accepted drafts) in the KV cache."""
+    def commit(self, n_keep: int, n_verified: int | None = None) -> None:
+        """Keep the first ``n_keep`` verified tokens (root + accepted drafts) in the KV cache.
+
+        Raises ValueError on a target that cannot truncate (``can_truncate``) when ``n_keep`` is
+        below ``n_verified`` (the length of the last ``verify``; unknown = None passes).
+        """
+        if not self.can_truncate and n_verified is not None and n_keep < n_verified:
+            raise ValueError(f"a {self.model.arch} target cannot drop verified tokens: use verify_tree")
         self.n_past += n_keep
         self.ctx.truncate(self.n_past)
 
