@@ -35,6 +35,28 @@ class ContextOverflowError(ValueError):
     """The prompt (plus at least one new token) does not fit in the context."""
 
 
+class NodeRows:
+    """The logits of a tree batch in node order, without copying them: ``x[i]`` is node i's row
+    ``[n_vocab]`` float32 (a view, valid until the next decode); ``np.asarray(x)`` gathers all
+    ``[N, n_vocab]``. The engine reads the few nodes its walk visits; a gather of every row would
+    copy N × n_vocab floats per step (39 MB for 64 nodes of a 152k vocabulary).
+    """
+
+    def __init__(self, view: np.ndarray, row: np.ndarray):
+        self.view, self.row = view, row
+        self.shape = (len(row), view.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def __getitem__(self, node):
+        return self.view[self.row[node]]
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.view[self.row]
+        return a if dtype is None else a.astype(dtype)
+
+
 class Target:
     """A target model and its context.
 
@@ -126,7 +148,8 @@ class Target:
         return self.ctx.logits(n)
 
     def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
-        """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order.
+        """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order
+        (a :class:`NodeRows` view).
 
         Node i is decoded at ``n_past + depth[i]`` and attends to the committed
         cache and its own ancestors only. llama.cpp needs non-decreasing
@@ -152,7 +175,7 @@ class Target:
             native.tree_set(self.ctx.ptr, None)
             raise
         self._tree_row = row
-        return self.ctx.logits(n)[row]
+        return NodeRows(self.ctx.logits(n), row)
 
     def tree_rows(self, nodes) -> np.ndarray:
         """Batch rows of tree ``nodes`` in the last tree decode (for ``features``)."""
