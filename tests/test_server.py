@@ -8,6 +8,7 @@ this process on the same files: the HTTP layer must not change a token.
 import json
 import signal
 import socket
+import os
 import subprocess
 import sys
 import textwrap
@@ -693,6 +694,7 @@ def test_api_key(keyed):
         err = assert_error(httpx.post(s.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=10),
                            401, code="invalid_api_key")
         assert "sekret" not in err["message"]
+        assert err["message"].startswith("Missing API key" if not headers else "Incorrect API key provided")
     assert_error(httpx.post(s.url + "/v1/completions", content=b"{", timeout=10), 401)  # before the body
     assert_error(httpx.get(s.url + "/v1/models", timeout=10), 401)
     good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
@@ -775,3 +777,10 @@ def test_empty_api_key_is_refused(models):
     r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--api-key", " "],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--api-key" in r.stderr and "Traceback" not in r.stderr
+    env = dict(os.environ, TFM_API_KEY="")  # an exported but empty variable: the same refusal
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--threads", "1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "TFM_API_KEY" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target), "--threads", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--threads" in r.stderr and ">= 1" in r.stderr

@@ -162,7 +162,7 @@ class Chat:
             reply, stopped = answer(self.engine, self.messages(), self.args)
         except ContextOverflowError as e:
             self.history.pop()
-            info(f"error: {e}\n(/reset starts a new conversation)")
+            info(f"error: {e}" + ("\n(/reset starts a new conversation)" if self.history else ""))
             return True
         except ValueError as e:  # e.g. the chat template rejects the conversation
             self.history.pop()
@@ -245,6 +245,12 @@ class Chat:
 def prompt_session():
     """A prompt_toolkit session with line editing and in-memory history. Ctrl-C clears a
     non-empty line and ends the input (EOFError) on an empty one, like Ctrl-D."""
+    import os
+
+    # Without cursor-position requests: prompt_toolkit otherwise keeps the terminal in raw mode
+    # after Enter until the terminal answers (up to ~1 s when it does not), and a Ctrl-C typed
+    # then is read as a key at the next prompt (ending the chat) instead of stopping the answer.
+    os.environ.setdefault("PROMPT_TOOLKIT_NO_CPR", "1")
     from prompt_toolkit import PromptSession
     from prompt_toolkit.key_binding import KeyBindings
     from prompt_toolkit.output import create_output

@@ -12,17 +12,24 @@ def fail(msg: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def budget_arg(text: str) -> int | str:
-    """``--budget`` value: 'auto' or an integer >= 0."""
-    if text == "auto":
-        return text
+def _int_at_least(text: str, lo: int, expected: str, name: str = "value") -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"budget must be >= 0, got {v}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"{name} must be >= {lo}, got {v}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    return _int_at_least(text, 1, "an integer >= 1")
+
+
+def budget_arg(text: str) -> int | str:
+    """``--budget`` value: 'auto' or an integer >= 0."""
+    return text if text == "auto" else _int_at_least(text, 0, "'auto' or an integer >= 0", "budget")
 
 
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
@@ -41,7 +48,7 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
 
 

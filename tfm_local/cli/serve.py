@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_engine_args(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
-    ap.add_argument("--api-key", default=os.environ.get("TFM_API_KEY") or None,
+    ap.add_argument("--api-key", default=os.environ.get("TFM_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on /v1 (default: $TFM_API_KEY, else no key)")
     ap.add_argument("--model-name", default=None,
                     help="model id reported by /v1/models and expected in requests (default: the target file's stem)")
@@ -75,7 +75,8 @@ def main(argv=None) -> None:
     if args.max_body_bytes < 1:
         fail(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.api_key is not None and not args.api_key.strip():
-        fail("--api-key is empty (an unset variable?): give a key, or leave the option out to serve without one")
+        fail("--api-key (or $TFM_API_KEY) is empty (an unset variable?): give a key, or leave both out "
+             "to serve without one")
     from ..server import create_app, serve
 
     try:

@@ -31,8 +31,8 @@ class BearerAuth:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not self.accepts(given):
-                what = "provided" if given else "missing"
-                err = APIError(401, f"Incorrect API key {what}: send 'Authorization: Bearer <key>' with the key "
+                what = "Incorrect API key provided" if given else "Missing API key"
+                err = APIError(401, f"{what}: send 'Authorization: Bearer <key>' with the key "
                                "the server was started with (--api-key).", code="invalid_api_key")
                 await err.response()(scope, receive, send)
                 return
