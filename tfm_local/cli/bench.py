@@ -119,10 +119,15 @@ def run_checked(engine, prompt, mode: Mode, max_tokens: int) -> dict:
         fail(str(e))
 
 
+def plain_outputs(runs: list[dict]) -> dict:
+    """Plain decoding's output ids by (set, prompt_id)."""
+    return {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+
+
 def mark_mismatches(runs: list[dict]) -> None:
     """Set each run's ``matches_plain``: its output ids equal plain decoding's on the same prompt
     (None for plain itself and when plain did not run)."""
-    plain = {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+    plain = plain_outputs(runs)
     for r in runs:
         ref = plain.get((r["set"], r["prompt_id"]))
         r["matches_plain"] = None if r["mode"] == "plain" or ref is None else r["output_ids"] == ref
@@ -136,7 +141,7 @@ def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
 
     from ..lossless import classify
 
-    plain = {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+    plain = plain_outputs(runs)
     for r in runs:
         if r.get("matches_plain") is False and "divergence" not in r:
             key = (r["set"], r["prompt_id"])

@@ -60,8 +60,10 @@ def run_prompt(args, text: str) -> dict:
     cmd = [args.binary, "-m", args.target, "-md", args.drafter, "--spec-type", "draft-dflash",
            "--spec-draft-n-max", str(args.draft_max), "-ngl", "99", "-ngld", "99", "-f", f.name,
            "-n", str(args.max_tokens), "--temp", "0", "--top-k", "1", "-c", str(args.n_ctx), "--seed", "0"]
-    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=args.timeout)
-    Path(f.name).unlink(missing_ok=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=args.timeout)
+    finally:  # also when the program times out
+        Path(f.name).unlink(missing_ok=True)
     return parse_output(r.stdout + r.stderr)
 
 
