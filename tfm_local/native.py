@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 5
+API_VERSION = 6
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -30,6 +30,9 @@ int32_t tfm_topk_get(void * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
                     float * out, int64_t out_n);
+int32_t tfm_bench_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                     int32_t n_warmup, int32_t n_iter, float * ms_out);
 """
 
 
@@ -163,16 +166,14 @@ class OpUnavailable(NativeError):
     """The requested device is absent, or it does not support the op with these shapes."""
 
 
-def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n_threads: int = 2) -> np.ndarray:
-    """Run one ggml op (``TEST_OPS``) on host arrays through ``tfm_test_op``; returns float32 ``[out_size]``.
-
-    ``srcs`` are numpy arrays in the op's argument order (see tfm-ext.h), float32 or int32,
-    of at most 4 dimensions; numpy shape ``(d3, d2, d1, d0)`` is ggml's ``ne = [d0, d1, d2, d3]``.
-    ``out_size`` must be the result's element count. The result tensor is NaN-filled before the
-    run. ``device``: ``"cpu"`` (``n_threads`` threads) or ``"gpu"`` (the first GPU device).
-    Raises OpUnavailable when the device is absent or cannot run the op, ValueError on bad arguments.
-    """
-    ffi, h = lib()
+def _op_args(ffi, op: str, srcs, device: str):
+    """The C arguments shared by tfm_test_op and tfm_bench_op: (op id, keep-alive arrays, src pointers,
+    ne, types, device id). Raises ValueError on an unknown op or device or a bad source array."""
+    if op not in TEST_OPS:
+        raise ValueError(f"op must be one of {sorted(TEST_OPS)}, got {op!r}")
+    dev = {"cpu": 0, "gpu": 1}.get(device)
+    if dev is None:
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     arrays, ne, types = [], [], []
     for a in srcs:
         a = np.asarray(a)
@@ -181,17 +182,56 @@ def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n
         arrays.append(np.ascontiguousarray(a))
         ne += list(a.shape[::-1]) + [1] * (4 - a.ndim)
         types.append(0 if a.dtype == np.float32 else 1)
+    if not arrays:
+        raise ValueError("test_op needs at least one source array")
     ptrs = ffi.new("void *[]", [ffi.from_buffer(a) for a in arrays])
-    out = np.full(out_size, np.nan, dtype=np.float32)
-    dev = {"cpu": 0, "gpu": 1}.get(device)
-    if dev is None:
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    rc = h.tfm_test_op(TEST_OPS[op], len(arrays), ptrs, ffi.new("int64_t[]", ne), ffi.new("int32_t[]", types),
-                       int(iparam), dev, int(n_threads), ffi.from_buffer("float[]", out), out_size)
+    return TEST_OPS[op], arrays, ptrs, ffi.new("int64_t[]", ne), ffi.new("int32_t[]", types), dev
+
+
+def _check_rc(rc: int, op: str, device: str, what: str) -> None:
     if rc == -2:
         raise OpUnavailable(f"no {device} device in this build")
     if rc == -3:
         raise OpUnavailable(f"the {device} device does not support {op} with these shapes")
     if rc != 0:
-        raise ValueError(f"tfm_test_op({op}) failed: bad arguments or output size {out_size}")
+        raise ValueError(f"{what}({op}) failed: bad arguments (source count or shapes for the op)")
+
+
+def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n_threads: int = 2) -> np.ndarray:
+    """Run one ggml op (``TEST_OPS``) on host arrays through ``tfm_test_op``; returns float32 ``[out_size]``.
+
+    ``srcs`` are numpy arrays in the op's argument order (see tfm-ext.h), float32 or int32,
+    of at most 4 dimensions; numpy shape ``(d3, d2, d1, d0)`` is ggml's ``ne = [d0, d1, d2, d3]``.
+    ``out_size`` must be the result's element count. The result tensor is NaN-filled before the
+    run. ``device``: ``"cpu"`` (``n_threads`` threads) or ``"gpu"`` (the first GPU device).
+    Raises OpUnavailable when the device is absent or cannot run the op, ValueError on bad arguments
+    (also a wrong ``out_size``).
+    """
+    ffi, h = lib()
+    op_id, arrays, ptrs, ne, types, dev = _op_args(ffi, op, srcs, device)
+    out = np.full(out_size, np.nan, dtype=np.float32)
+    rc = h.tfm_test_op(op_id, len(arrays), ptrs, ne, types, int(iparam), dev, int(n_threads),
+                       ffi.from_buffer("float[]", out), out_size)
+    _check_rc(rc, op, device, f"tfm_test_op (output size {out_size})")
     return out
+
+
+def bench_op(op: str, srcs, iparam: int = 0, device: str = "cpu", n_threads: int = 2,
+             n_warmup: int = 3, n_iter: int = 10) -> np.ndarray:
+    """Time one ggml op (``TEST_OPS``) through ``tfm_bench_op``: float32 ``[n_iter]`` wall times in ms.
+
+    Sources, ``iparam``, ``device`` and ``n_threads`` as :func:`run_op`. The sources are uploaded
+    once; the one-op graph is then computed ``n_warmup`` times untimed and ``n_iter`` times timed,
+    each computation followed by a backend synchronize (a time covers compute + synchronize, not
+    the upload). Nothing is copied back. Raises ValueError for ``n_warmup`` < 0, ``n_iter`` < 1 or
+    bad sources, OpUnavailable as :func:`run_op`.
+    """
+    if int(n_warmup) < 0 or int(n_iter) < 1:
+        raise ValueError(f"bench_op needs n_warmup >= 0 and n_iter >= 1, got {n_warmup}, {n_iter}")
+    ffi, h = lib()
+    op_id, arrays, ptrs, ne, types, dev = _op_args(ffi, op, srcs, device)
+    ms = np.full(int(n_iter), np.nan, dtype=np.float32)
+    rc = h.tfm_bench_op(op_id, len(arrays), ptrs, ne, types, int(iparam), dev, int(n_threads),
+                        int(n_warmup), int(n_iter), ffi.from_buffer("float[]", ms))
+    _check_rc(rc, op, device, "tfm_bench_op")
+    return ms

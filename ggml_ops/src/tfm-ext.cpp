@@ -15,6 +15,7 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -22,7 +23,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 5;
+    return 6;
 }
 
 void tfm_set_layer_inp(llama_context * ctx, uint32_t il, bool value) {
@@ -496,80 +497,142 @@ ggml_tensor * test_op_build(ggml_context * ctx, int32_t op, const std::vector<gg
     }
 }
 
-} // namespace
+// A one-op graph with its sources and result allocated on a backend (see tfm-ext.h, tfm_test_op).
+struct op_graph {
+    ggml_context *             ctx     = nullptr;
+    ggml_backend_t             backend = nullptr;
+    ggml_backend_buffer_t      buf     = nullptr;
+    ggml_cgraph *              gf      = nullptr;
+    std::vector<ggml_tensor *> srcs;
+    ggml_tensor *              res     = nullptr;
 
-int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
-                    const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
-                    float * out, int64_t out_n) {
-    if (n_src < 1 || n_src > GGML_MAX_SRC || src == nullptr || ne == nullptr || types == nullptr || out == nullptr) {
-        return -1;
+    ~op_graph() {
+        if (buf != nullptr) {
+            ggml_backend_buffer_free(buf);
+        }
+        if (backend != nullptr) {
+            ggml_backend_free(backend);
+        }
+        if (ctx != nullptr) {
+            ggml_free(ctx);
+        }
     }
-    ggml_backend_dev_t dev = ggml_backend_dev_by_type(device == 0 ? GGML_BACKEND_DEVICE_TYPE_CPU
-                                                                   : GGML_BACKEND_DEVICE_TYPE_GPU);
-    if (dev == nullptr || device < 0 || device > 1) {
-        return -2;
-    }
+};
 
+// Source tensors and the op's result in a no-alloc context; 0, or -1 on bad arguments.
+int32_t op_graph_define(op_graph & g, int32_t op, int32_t n_src, const int64_t * ne, const int32_t * types,
+                        int32_t iparam) {
     ggml_init_params params = {
         /*.mem_size   =*/ (size_t) (n_src + 1) * ggml_tensor_overhead() + ggml_graph_overhead_custom(8, false),
         /*.mem_buffer =*/ nullptr,
         /*.no_alloc   =*/ true,
     };
-    ggml_context * ctx = ggml_init(params);
-    if (ctx == nullptr) {
+    g.ctx = ggml_init(params);
+    if (g.ctx == nullptr) {
         return -1;
     }
-    std::vector<ggml_tensor *> srcs;
     for (int32_t i = 0; i < n_src; ++i) {
         if (types[i] != 0 && types[i] != 1) {
-            ggml_free(ctx);
             return -1;
         }
-        srcs.push_back(ggml_new_tensor_4d(ctx, types[i] == 0 ? GGML_TYPE_F32 : GGML_TYPE_I32,
-                                          ne[4*i], ne[4*i + 1], ne[4*i + 2], ne[4*i + 3]));
+        g.srcs.push_back(ggml_new_tensor_4d(g.ctx, types[i] == 0 ? GGML_TYPE_F32 : GGML_TYPE_I32,
+                                            ne[4*i], ne[4*i + 1], ne[4*i + 2], ne[4*i + 3]));
     }
-    ggml_tensor * res = test_op_build(ctx, op, srcs, iparam);
-    if (res == nullptr || res->type != GGML_TYPE_F32 || ggml_nelements(res) != out_n) {
-        ggml_free(ctx);
+    g.res = test_op_build(g.ctx, op, g.srcs, iparam);
+    if (g.res == nullptr || g.res->type != GGML_TYPE_F32) {
         return -1;
     }
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 8, false);
-    ggml_build_forward_expand(gf, res);
+    g.gf = ggml_new_graph_custom(g.ctx, 8, false);
+    ggml_build_forward_expand(g.gf, g.res);
+    return 0;
+}
 
-    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
-    if (backend == nullptr) {
-        ggml_free(ctx);
+// Backend (device 0 = CPU with n_threads threads, 1 = first GPU), tensors allocated on it, sources
+// uploaded and the result NaN-filled. 0, or the tfm_test_op error codes.
+int32_t op_graph_place(op_graph & g, const void * const * src, int32_t device, int32_t n_threads) {
+    if (device < 0 || device > 1) {
         return -2;
     }
-    int32_t rc = 0;
-    ggml_backend_buffer_t buf = nullptr;
-    if (!ggml_backend_supports_op(backend, res)) {
-        rc = -3;
-    } else if ((buf = ggml_backend_alloc_ctx_tensors(ctx, backend)) == nullptr) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(device == 0 ? GGML_BACKEND_DEVICE_TYPE_CPU
+                                                                   : GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (dev == nullptr || (g.backend = ggml_backend_dev_init(dev, nullptr)) == nullptr) {
+        return -2;
+    }
+    if (!ggml_backend_supports_op(g.backend, g.res)) {
+        return -3;
+    }
+    if ((g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, g.backend)) == nullptr) {
+        return -1;
+    }
+    if (device == 0) {
+        auto * set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads");
+        if (set_threads != nullptr) {
+            set_threads(g.backend, std::max(1, n_threads));
+        }
+    }
+    for (size_t i = 0; i < g.srcs.size(); ++i) {
+        ggml_backend_tensor_set(g.srcs[i], src[i], 0, ggml_nbytes(g.srcs[i]));
+    }
+    const std::vector<float> poison((size_t) ggml_nelements(g.res), NAN);
+    ggml_backend_tensor_set(g.res, poison.data(), 0, ggml_nbytes(g.res));
+    return 0;
+}
+
+// The graph of the arguments shared by tfm_test_op and tfm_bench_op, ready to compute; 0 or an error code.
+int32_t op_graph_setup(op_graph & g, int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                       const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads) {
+    if (n_src < 1 || n_src > GGML_MAX_SRC || src == nullptr || ne == nullptr || types == nullptr) {
+        return -1;
+    }
+    const int32_t rc = op_graph_define(g, op, n_src, ne, types, iparam);
+    return rc != 0 ? rc : op_graph_place(g, src, device, n_threads);
+}
+
+} // namespace
+
+int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                    const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                    float * out, int64_t out_n) {
+    if (out == nullptr) {
+        return -1;
+    }
+    op_graph g;
+    int32_t rc = op_graph_setup(g, op, n_src, src, ne, types, iparam, device, n_threads);
+    if (rc == 0 && ggml_nelements(g.res) != out_n) {
         rc = -1;
-    } else {
-        if (device == 0) {
-            auto * set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(
-                ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads");
-            if (set_threads != nullptr) {
-                set_threads(backend, std::max(1, n_threads));
-            }
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (ggml_backend_graph_compute(g.backend, g.gf) != GGML_STATUS_SUCCESS) {
+        return -1;
+    }
+    ggml_backend_tensor_get(g.res, out, 0, ggml_nbytes(g.res));
+    return 0;
+}
+
+int32_t tfm_bench_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
+                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                     int32_t n_warmup, int32_t n_iter, float * ms_out) {
+    if (ms_out == nullptr || n_warmup < 0 || n_iter < 1) {
+        return -1;
+    }
+    op_graph g;
+    const int32_t rc = op_graph_setup(g, op, n_src, src, ne, types, iparam, device, n_threads);
+    if (rc != 0) {
+        return rc;
+    }
+    for (int32_t it = 0; it < n_warmup + n_iter; ++it) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (ggml_backend_graph_compute(g.backend, g.gf) != GGML_STATUS_SUCCESS) {
+            return -1;
         }
-        for (int32_t i = 0; i < n_src; ++i) {
-            ggml_backend_tensor_set(srcs[i], src[i], 0, ggml_nbytes(srcs[i]));
-        }
-        const std::vector<float> poison((size_t) out_n, NAN);
-        ggml_backend_tensor_set(res, poison.data(), 0, ggml_nbytes(res));
-        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
-            rc = -1;
-        } else {
-            ggml_backend_tensor_get(res, out, 0, ggml_nbytes(res));
+        ggml_backend_synchronize(g.backend);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (it >= n_warmup) {
+            ms_out[it - n_warmup] = std::chrono::duration<float, std::milli>(t1 - t0).count();
         }
     }
-    if (buf != nullptr) {
-        ggml_backend_buffer_free(buf);
-    }
-    ggml_backend_free(backend);
-    ggml_free(ctx);
-    return rc;
+    return 0;
 }
