@@ -22,13 +22,9 @@ from tfm_local import native, tree_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-# float32 error bounds relative to max(1, max |ref|), per device. CPU: about 10x the largest error
-# measured over these tests (docs/gdn-tree.md). GPU: provisional until the first GPU run (its
-# kernels use fast-math expf and another summation order).
-ERR_F32_BY_DEVICE = {
-    "cpu": {"o": 5e-7, "u": 3e-6, "gamma": 2e-6, "state": 3e-6, "chain_vs_gdn": 3e-6, "conv": 1e-6},
-    "gpu": {"o": 1e-5, "u": 1e-5, "gamma": 1e-5, "state": 1e-5, "chain_vs_gdn": 1e-5, "conv": 1e-6},
-}
+# float32 error bounds relative to max(1, max |ref|), per device (shared with the GDN benchmark's
+# correctness checks, tfm_local/gdn_bench.py)
+ERR_F32_BY_DEVICE = tree_ops.ERR_F32_BY_DEVICE
 
 # the GPU cases exist only on a build with a GPU device (a skip would fail CI under TFM_NO_SKIP)
 DEVICES = tree_ops.available_devices() or ["cpu"]
@@ -169,10 +165,7 @@ def ref_conv_tree(sx, c, parent):
     return out
 
 
-def rel_err(x, ref) -> float:
-    """max |x - ref| / max(1, max |ref|)."""
-    ref = np.asarray(ref, dtype=np.float64)
-    return float(np.max(np.abs(np.asarray(x, dtype=np.float64) - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+rel_err = tree_ops.rel_err
 
 
 # -- tests -------------------------------------------------------------------------------------

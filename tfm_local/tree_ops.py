@@ -23,6 +23,23 @@ import numpy as np
 from . import native
 
 
+# float32 error bounds relative to max(1, max |ref|) (``rel_err``), per device, of tests/test_tree_gdn_ops.py
+# and of the benchmark's correctness checks. CPU: about 10x the largest error measured over the tests
+# (docs/gdn-tree.md). GPU: provisional until the first GPU run (its kernels use fast-math expf and another
+# summation order). o, u, gamma, state: against a float64 reference; chain_vs_gdn: the tree op against
+# ggml_gated_delta_net on the same path; conv: the tree conv against float64 and against ggml_ssm_conv.
+ERR_F32_BY_DEVICE = {
+    "cpu": {"o": 5e-7, "u": 3e-6, "gamma": 2e-6, "state": 3e-6, "chain_vs_gdn": 3e-6, "conv": 1e-6},
+    "gpu": {"o": 1e-5, "u": 1e-5, "gamma": 1e-5, "state": 1e-5, "chain_vs_gdn": 1e-5, "conv": 1e-6},
+}
+
+
+def rel_err(x, ref) -> float:
+    """max |x - ref| / max(1, max |ref|), computed in float64 (arrays of one shape)."""
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.max(np.abs(np.asarray(x, dtype=np.float64) - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+
+
 def available_devices() -> list[str]:
     """The devices (``"cpu"``, ``"gpu"``) on which this build runs the tree ops; empty without the
     patched library."""
