@@ -1,0 +1,122 @@
+"""tfm_bench_op (native.bench_op) and the GDN tree benchmark (tfm_local.gdn_bench, tfm-bench-gdn), CPU, tiny dims."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tfm_local import gdn_bench, native, tree_ops
+from tfm_local.cli import bench_gdn
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+TINY = gdn_bench.Dims(heads_v=4, heads_k=2, head_dim=16, conv_channels=32, d_conv=4, layers=2)
+
+
+def _tree_srcs(n: int = 24, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    tree = gdn_bench.ddtree(n, rng)
+    x = gdn_bench.make_inputs(TINY, n, rng)
+    return x, tree, gdn_bench.gdn_srcs(x, tree.parents)
+
+
+def _out_size(x, n: int) -> int:
+    S, H, Hk = TINY.head_dim, TINY.heads_v, TINY.heads_k
+    return (2 * S + 1) * H * n + S * Hk * n
+
+
+def test_bench_op_times_and_leaves_results_unchanged():
+    x, tree, srcs = _tree_srcs()
+    before = native.run_op("gdn_tree", srcs, _out_size(x, 24))
+    ms = native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=7)
+    assert ms.shape == (7,) and ms.dtype == np.float32
+    assert np.isfinite(ms).all() and (ms > 0).all()
+    np.testing.assert_array_equal(native.run_op("gdn_tree", srcs, _out_size(x, 24)), before)
+    # every op of the benchmark can be timed (the commit's iparam = d_conv)
+    conv = native.bench_op("conv_commit", [x["sx"], np.array([[0, 1]], np.int32)], iparam=4, n_iter=2)
+    assert conv.shape == (2,) and (conv > 0).all()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"n_iter": 0}, "n_iter"), ({"n_warmup": -1}, "n_warmup"), ({"device": "tpu"}, "device"),
+])
+def test_bench_op_rejects_bad_arguments(kwargs, match):
+    _, _, srcs = _tree_srcs(8)
+    with pytest.raises(ValueError, match=match):
+        native.bench_op("gdn_tree", srcs, **kwargs)
+
+
+def test_bench_op_rejects_bad_ops_and_sources():
+    _, _, srcs = _tree_srcs(8)
+    with pytest.raises(ValueError, match="op must be"):
+        native.bench_op("gdn_trie", srcs)
+    with pytest.raises(ValueError, match="failed"):  # one source short: the C side refuses
+        native.bench_op("gdn_tree", srcs[:-1])
+    with pytest.raises(ValueError, match="float32/int32"):
+        native.bench_op("gdn_tree", [s.astype(np.float64) for s in srcs])
+
+
+def test_ddtree_cases_are_trees_within_depth():
+    for n in (1, 16, 64):
+        tree = gdn_bench.ddtree(n, np.random.default_rng(n))
+        paths = gdn_bench.leaf_paths(tree)
+        assert len(tree) == n and max(map(len, paths)) <= gdn_bench.MAX_DEPTH
+        assert sorted({i for p in paths for i in p}) == list(range(n))  # the leaves' paths cover the tree
+        assert all(tree.parents[p[0]] == -1 for p in paths)
+
+
+def test_check_case_detects_wrong_work(monkeypatch):
+    """The check compares real outputs: when the tree op runs another tree than the per-branch paths
+    (the last node re-rooted), the check fails and run_case does not time the case."""
+    x, tree, _ = _tree_srcs(16, seed=3)
+    assert gdn_bench.check_case(x, tree, TINY, "cpu", 2)["correct"]
+    paths = gdn_bench.leaf_paths(tree)
+    assert tree.parents[paths[-1][-1]] >= 0
+    bad = tree.parents.copy()
+    bad[paths[-1][-1]] = -1
+    monkeypatch.setattr(gdn_bench, "leaf_paths", lambda t: paths)
+    res = gdn_bench.check_case(x, gdn_bench.Tree(bad, tree.tokens, tree.depth, tree.logp), TINY, "cpu", 2)
+    assert not res["correct"] and res["errors"]["gdn_o_grouped"] > res["bounds"]["gdn_o_grouped"]
+    monkeypatch.setattr(gdn_bench, "ddtree", lambda n, rng: gdn_bench.Tree(bad, tree.tokens, tree.depth, tree.logp))
+    case = gdn_bench.run_case(16, TINY, np.random.default_rng(0), n_iter=2)
+    assert not case["check"]["correct"] and "times" not in case
+
+
+def test_cli_end_to_end_writes_json(tmp_path, capsys):
+    out = tmp_path / "gdn.json"
+    bench_gdn.main(["--device", "cpu", "--nodes", "8,24", "--heads-v", "4", "--heads-k", "2", "--head-dim", "16",
+                    "--conv-channels", "32", "--iters", "3", "--warmup", "1", "--threads", "2",
+                    "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert {"command", "date", "device", "dims", "method", "cases", "bar", "iters"} <= set(doc)
+    assert doc["device"] == "cpu" and doc["dims"]["heads_v"] == 4 and doc["bar"] is None
+    assert [c["nodes"] for c in doc["cases"]] == [8, 24]
+    for c in doc["cases"]:
+        assert c["check"]["correct"] is True
+        assert sum(c["groups"].values()) == c["leaves"] and c["depth"] <= 16
+        for op in ("gdn", "conv"):
+            for kind in ("tree", "branch", "padded"):
+                t = c["times"][op][kind]
+                assert 0 < t["min_ms"] <= t["median_ms"]
+        assert c["times"]["commit"]["gdn"]["median_ms"] > 0
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_cli_rejects_bad_options():
+    with pytest.raises(SystemExit):
+        bench_gdn.parse_args(["--nodes", "16,x"])
+    with pytest.raises(SystemExit):
+        bench_gdn.parse_args(["--heads-v", "5", "--heads-k", "2"])
+
+
+def test_bar_result():
+    case = {"nodes": 128, "speedup": {"gdn": 7.5}}
+    assert bench_gdn.bar_result([case])["met"] is True
+    assert bench_gdn.bar_result([{**case, "speedup": {"gdn": 6.9}}])["met"] is False
+    assert bench_gdn.bar_result([{"nodes": 64, "speedup": {"gdn": 9.0}}]) is None
+
+
+def test_tolerances_are_shared_with_the_op_tests():
+    assert set(tree_ops.ERR_F32_BY_DEVICE) == {"cpu", "gpu"}
+    assert tree_ops.rel_err(np.ones(3), np.ones(3) + 1e-3) == pytest.approx(1e-3 / (1 + 1e-3))

@@ -1,0 +1,162 @@
+"""tfm-bench-gdn: the Gated DeltaNet tree ops against per-branch recurrent verification (issue #6).
+
+For each tree size (``--nodes``) one DDTree-shaped tree (tfm_local/gdn_bench.py) at the given layer
+dimensions (defaults: Qwen3.6-27B's Gated DeltaNet, 48 layers): the tree op
+(``ggml_gated_delta_net_tree``) vs every root-to-leaf path verified as its own sequence with upstream
+``ggml_gated_delta_net`` (leaves grouped by path length, one call per group, group times summed; also
+all leaves in one call padded to the deepest path), the same for the short conv (``ggml_ssm_conv_tree`` vs
+``ggml_ssm_conv``), and the two commit ops. Each case is checked for equal outputs before it is timed;
+an incorrect case is not timed and makes the exit status 1. Prints a table of per-layer times (medians,
+ms) and writes JSON (``--json``) with medians and minima.
+
+    python -m tfm_local.cli.bench_gdn --device gpu --json gdn-h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
+
+import numpy as np
+
+from .. import gdn_bench, native
+from .common import fail
+
+BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
+METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream ggml_gated_delta_net / "
+          "ggml_ssm_conv, leaves grouped by path length, one call per group (n_seqs = leaves in the group, "
+          "state replicated per sequence), time = sum over groups of each group's median (min: of its min); "
+          "padded = all leaves in one call, paths zero-padded to the deepest; times are per layer, "
+          "compute + synchronize of a one-op graph with inputs already on the device")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"node counts must be >= 1, got {text!r}")
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return v
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    d = gdn_bench.Dims()
+    ap = argparse.ArgumentParser(prog="tfm-bench-gdn", description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="backend (default cpu)")
+    ap.add_argument("--nodes", type=_int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
+    for name, default, what in (("heads-v", d.heads_v, "value heads H_v"), ("heads-k", d.heads_k, "q/k heads H_k"),
+                                ("head-dim", d.head_dim, "S_k = S_v"), ("conv-channels", d.conv_channels,
+                                 "short-conv channels"), ("d-conv", d.d_conv, "conv kernel size"),
+                                ("layers", d.layers, "DeltaNet layers (for the model-step totals)")):
+        ap.add_argument(f"--{name}", type=_positive, default=default, help=f"{what} (default {default})")
+    ap.add_argument("--iters", type=_positive, default=20, help="timed iterations per op (default 20)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per op (default 3)")
+    ap.add_argument("--threads", type=_positive, default=os.cpu_count() or 1, help="CPU backend threads")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH", help="write the results here")
+    a = ap.parse_args(argv)
+    if a.heads_v % a.heads_k:
+        ap.error(f"--heads-v ({a.heads_v}) must be a multiple of --heads-k ({a.heads_k})")
+    if a.warmup < 0:
+        ap.error("--warmup must be >= 0")
+    return a
+
+
+def _gpu_name() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _row(cells, widths) -> str:
+    return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+
+
+def print_tables(cases: list[dict], layers: int) -> None:
+    """The per-layer medians (ms) of every timed case: GDN, conv, commits."""
+    w = (5, 6, 5, 10, 10, 10, 8, 8)
+    for op in ("gdn", "conv"):
+        print(f"\n{op}: per layer, median ms (speedup = per-branch / tree)")
+        print(_row(("N", "leaves", "depth", "tree", "branch", "padded", "speedup", "padded"), w))
+        for c in cases:
+            if "times" in c:
+                t, s = c["times"][op], c["speedup"]
+                print(_row((c["nodes"], c["leaves"], c["depth"], f"{t['tree']['median_ms']:.4f}",
+                            f"{t['branch']['median_ms']:.4f}", f"{t['padded']['median_ms']:.4f}",
+                            f"{s[op]:.2f}x", f"{s[op + '_padded']:.2f}x"), w))
+            else:
+                print(_row((c["nodes"], c["leaves"], c["depth"], "INCORRECT", "-", "-", "-", "-"), w))
+    print("\ncommit (deepest path): per layer, median ms")
+    print(_row(("N", "depth", "gdn", "conv", f"x{layers} lay."), (5, 5, 10, 10, 10)))
+    for c in cases:
+        if "times" in c:
+            t = c["times"]["commit"]
+            tot = layers * (t["gdn"]["median_ms"] + t["conv"]["median_ms"])
+            print(_row((c["nodes"], c["depth"], f"{t['gdn']['median_ms']:.4f}", f"{t['conv']['median_ms']:.4f}",
+                        f"{tot:.3f}"), (5, 5, 10, 10, 10)))
+
+
+def bar_result(cases: list[dict]) -> dict | None:
+    """The issue's bar: GDN speedup (grouped per-branch) at BAR_NODES nodes >= BAR_SPEEDUP; None without
+    that case."""
+    for c in cases:
+        if c["nodes"] == BAR_NODES and "speedup" in c:
+            return {"nodes": BAR_NODES, "required": BAR_SPEEDUP, "speedup": c["speedup"]["gdn"],
+                    "met": bool(c["speedup"]["gdn"] >= BAR_SPEEDUP)}
+    return None
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    dims = gdn_bench.Dims(a.heads_v, a.heads_k, a.head_dim, a.conv_channels, a.d_conv, a.layers)
+    rng = np.random.default_rng(a.seed)
+    cases = []
+    for n in a.nodes:
+        try:
+            c = gdn_bench.run_case(n, dims, rng, a.device, a.threads, a.warmup, a.iters)
+        except native.NativeError as e:
+            fail(str(e))
+        print(f"N={n}: {c['leaves']} leaves, depth {c['depth']}, groups {c['groups']}, correct "
+              f"{c['check']['correct']}", file=sys.stderr, flush=True)
+        cases.append(c)
+    print(f"device {a.device}, dims {asdict(dims)}\nmethod: {METHOD}")
+    print_tables(cases, a.layers)
+    bar = bar_result(cases)
+    if bar:
+        print(f"\nbar: gdn speedup at {BAR_NODES} nodes {bar['speedup']:.2f}x (required >= {BAR_SPEEDUP}x): "
+              f"{'met' if bar['met'] else 'NOT met'}")
+    if a.json:
+        doc = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv),
+               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": a.device,
+               "device_name": _gpu_name() if a.device == "gpu" else platform.processor() or platform.machine(),
+               "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
+               "method": METHOD, "bar": bar, "cases": cases}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if not all(c["check"]["correct"] for c in cases):
+        print("some cases were not correct (not timed): see the check errors", file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
