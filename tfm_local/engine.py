@@ -80,10 +80,11 @@ class Engine:
         from .llm import gpu_available
         from .models import DEFAULT_TARGET, resolve_model
 
-        self.backend_argmax = backend_argmax_wanted(greedy_argmax, gpu_available() and n_gpu_layers != 0)
+        backend_argmax_wanted(greedy_argmax, False)  # a bad mode fails before any model is loaded
         target_path = resolve_model(target or DEFAULT_TARGET)
         self.target = Target(target_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers)
+        self.backend_argmax = backend_argmax_wanted(greedy_argmax, gpu_available() and n_gpu_layers != 0)
         self.drafter: DFlashDrafter | None = None
         if drafter is not None and budget != 0:
             dpath = resolve_drafter(drafter, target_path)
