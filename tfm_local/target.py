@@ -137,7 +137,7 @@ class Target:
 
     def prefill_argmax(self, tokens: list[int], on_chunk=None) -> int:
         """``prefill`` on the backend top-1 sampler: returns the last row's argmax token id
-        (ties: the lowest id). Raises RuntimeError unless ``attach_argmax`` succeeded."""
+        (exact ties: see ``attach_argmax``). Raises RuntimeError unless ``attach_argmax`` succeeded."""
         self._check_argmax(1)
         n = self._prefill(tokens, on_chunk)
         return int(self._read_argmax(n - 1, 1)[0])
@@ -167,7 +167,7 @@ class Target:
 
     def verify_argmax(self, tokens: list[int]) -> np.ndarray:
         """``verify`` on the backend top-1 sampler: each row's argmax, int32 ``[len(tokens)]``
-        (ties: the lowest id); no logits reach the host.
+        (exact ties: see ``attach_argmax``); no logits reach the host.
 
         Raises RuntimeError unless ``attach_argmax`` succeeded, ValueError when ``tokens`` has more
         rows than it was attached for, ContextOverflowError as ``verify``.
@@ -197,7 +197,7 @@ class Target:
 
     def verify_tree_argmax(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """``verify_tree`` on the backend top-1 sampler: each node's argmax, int32 ``[N]`` in node
-        order (ties: the lowest id); no logits reach the host.
+        order (exact ties: see ``attach_argmax``); no logits reach the host.
 
         Raises RuntimeError unless ``attach_argmax`` succeeded, ValueError when the tree has more
         nodes than it was attached for, and as ``verify_tree``.
@@ -236,6 +236,10 @@ class Target:
         attached limit; a smaller request keeps it. Returns False when the backend cannot run the
         sampler (remembered; use the logits methods). Raises ValueError for ``n_rows`` outside
         1..n_batch.
+
+        Exactly tied logits: the CPU backend's top-1 returns the lowest id, as np.argmax does;
+        CUDA's top-k does not promise an order among them. The engine uses one rule for plain and
+        speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).
         """
         if not 1 <= n_rows <= self.n_batch:
             raise ValueError(f"argmax rows must be in 1..{self.n_batch} (the batch size), got {n_rows}")
