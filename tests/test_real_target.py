@@ -107,3 +107,19 @@ def test_chat_answer_is_text(engines):
     text = spec.generate([{"role": "user", "content": "Write a Python function that reverses a string."}],
                          max_tokens=64)
     assert "def " in text and spec.stats.n_generated > 10
+
+
+@pytest.mark.parametrize("argmax", ["backend", "host"])
+def test_greedy_argmax_modes_equal_plain(engines, argmax):
+    """Both greedy rules (backend argmax, host logits) give the default engine's plain output, with
+    plain decoding exactly and with the chain and DDTree up to a near-tie."""
+    _, plain = engines
+    ids = plain.prompt_tokens([{"role": "user", "content": "Write a Python function that reverses a string."}])
+    ref = greedy(plain, ids, 24)
+    with Engine(plain.target.model.path, None, n_ctx=1024, greedy_argmax=argmax) as e:
+        assert greedy(e, ids, 24) == ref
+    with Engine(n_ctx=1024, budget=None, greedy_argmax=argmax) as spec:
+        assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 24))
+        spec.set_draft("ddtree", 16)
+        assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 24))
+        assert (spec.target.argmax_rows > 0) == (argmax == "backend")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from .accept import walk_tree
 from .budget import AutoBudget, PassCosts, gain_curve
 from .drafter import DFlashDrafter, top_k_logprobs  # noqa: F401  (top_k_logprobs: re-exported)
 from .sampling import SamplingParams, TokenChooser
-from .stats import GenerationStats
+from .stats import GenerationStats, PhaseClock
 from .stops import StopMatcher
 from .target import Target
 from .tree import BUILDERS, Tree, build_chain, build_wide
@@ -27,6 +27,26 @@ from .tokenizer import StreamDecoder, encode_chat
 
 
 DEFAULT_TREE_BUDGET = 63
+
+#: How greedy steps read the target's choice: "backend" = each verified row's argmax computed in the
+#: target's graph (Target.attach_argmax, one int per row reaches the host), "host" = full logits
+#: copied to the host and np.argmax. "auto" = backend on a GPU, CPU_ARGMAX on the CPU; the
+#: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto".
+ARGMAX_MODES = ("auto", "backend", "host")
+CPU_ARGMAX = "host"
+
+
+def backend_argmax_wanted(mode: str, on_gpu: bool) -> bool:
+    """Whether greedy decoding should use the backend argmax, for an ``ARGMAX_MODES`` value.
+
+    Raises ValueError for an unknown mode (also from TFM_GREEDY_ARGMAX).
+    """
+    if mode == "auto":
+        mode = os.environ.get("TFM_GREEDY_ARGMAX") or ("backend" if on_gpu else CPU_ARGMAX)
+    if mode not in ARGMAX_MODES[1:]:
+        raise ValueError(f"greedy argmax must be one of {', '.join(ARGMAX_MODES)} "
+                         f"(also TFM_GREEDY_ARGMAX: backend or host), got {mode!r}")
+    return mode == "backend"
 
 
 class Engine:
@@ -44,6 +64,9 @@ class Engine:
         tree: "chain" (the DFlash chain), "ddtree" (best-first tree) or "wide" (w-wide heap);
             for trees ``budget`` counts drafted nodes. tree_top_k: candidates per block position.
         tree_width: heap entries expanded together by "wide".
+        greedy_argmax: at temperature 0, "backend" reads each verified row's argmax computed on
+            the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
+            chooses (ARGMAX_MODES). Plain and speculative decoding use the same rule.
     Raises:
         ModelNotFoundError / FileNotFoundError: a model cannot be found.
         DrafterMismatchError: the drafter does not fit the target.
@@ -52,13 +75,16 @@ class Engine:
     def __init__(self, target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
                  n_ctx: int = 4096, budget: int | str | None = "auto", kv_type: str = "f16",
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
-                 tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4):
+                 tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto"):
         from .drafters import resolve_drafter
+        from .llm import gpu_available
         from .models import DEFAULT_TARGET, resolve_model
 
+        backend_argmax_wanted(greedy_argmax, False)  # a bad mode fails before any model is loaded
         target_path = resolve_model(target or DEFAULT_TARGET)
         self.target = Target(target_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers)
+        self.backend_argmax = backend_argmax_wanted(greedy_argmax, gpu_available() and n_gpu_layers != 0)
         self.drafter: DFlashDrafter | None = None
         if drafter is not None and budget != 0:
             dpath = resolve_drafter(drafter, target_path)
@@ -77,6 +103,7 @@ class Engine:
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
+        self._argmax = False  # this generation reads greedy choices from the backend argmax
 
     # -- public API ----------------------------------------------------------------------
     def set_budget(self, budget: int | str | None) -> None:
@@ -204,7 +231,11 @@ class Engine:
         if dft is not None:
             dft.reset()
         on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft else None
-        last = choose(tgt.prefill(prompt_ids, on_chunk))
+        self._argmax = sp.greedy and self.backend_argmax and tgt.attach_argmax(self._max_rows())
+        if self._argmax:
+            last = tgt.prefill_argmax(prompt_ids, on_chunk)
+        else:
+            last = choose(tgt.prefill(prompt_ids, on_chunk))
         st.t_prefill = time.perf_counter() - t0
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
@@ -216,6 +247,10 @@ class Engine:
                 yield t
                 last = t
 
+    def _max_rows(self) -> int:
+        """The most rows one verification of this generation can have (root + budget drafts)."""
+        return min(self.budget + 1, self.target.n_batch) if self.active_drafter is not None else 1
+
     def _step(self, last: int, remaining: int, choose: TokenChooser, st: GenerationStats) -> list[int]:
         """One draft → verify → accept → commit step; returns the tokens it emits."""
         tgt, dft = self.target, self.active_drafter
@@ -223,27 +258,31 @@ class Engine:
         k_max = min(self.budget, remaining - 1, tgt.n_ctx - pos - 1, tgt.n_batch - 1)
         auto = self.auto if dft is not None else None
         k = auto.choose(k_max) if auto is not None else k_max
-        t0 = time.perf_counter()
+        clock = PhaseClock(st.t_phases)
+        t0 = clock.t
         k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
         drafting = dft is not None and k > 0
-        tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None) if drafting else (None, None)
-        t1 = time.perf_counter()
+        tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None, clock) if drafting else (None, None)
+        t1 = clock.t
         if tree is not None and (self.tree_mode != "chain" or not tgt.can_truncate):
-            logits = tgt.verify_tree(tree.tokens, tree.depth, tree.parents)
-            walk = walk_tree(tree.parents, tree.tokens, lambda node: choose(logits[node]), max_tokens=remaining)
+            pick = self._verify_tree(tree, choose)
+            clock.mark("verify")
+            walk = walk_tree(tree.parents, tree.tokens, pick, max_tokens=remaining)
             tgt.commit_tree(walk.path)
             n_nodes, rows = len(tree), tgt.tree_rows(walk.path)
         else:
             tokens = tree.tokens if tree is not None else np.asarray([last])
-            logits = tgt.verify(tokens)
-            walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, lambda node: choose(logits[node]),
-                             max_tokens=remaining)
+            pick = self._verify_chain(tokens, choose)
+            clock.mark("verify")
+            walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, pick, max_tokens=remaining)
             tgt.commit(len(walk.path), len(tokens))
             n_nodes, rows = len(tokens), np.asarray(walk.path)
-        t2 = time.perf_counter()
+        clock.mark("accept")
+        t2 = clock.t
         if dft is not None:  # a plain step's row waits for the next draft (one batched pass)
             (dft.inject if tree is not None else dft.defer)(tgt.features(rows, n_nodes), pos)
-        t3 = time.perf_counter()
+        clock.mark("drafter")
+        t3 = clock.t
         st.t_draft += t1 - t0 + t3 - t2
         st.t_verify += t2 - t1
         st.n_steps += 1
@@ -256,27 +295,51 @@ class Engine:
             auto.observe_spec(n_nodes, t2 - t1, t1 - t0 + t3 - t2, curve, k, len(walk.tokens) - 1)
         return walk.tokens
 
+    def _verify_chain(self, tokens: np.ndarray, choose: TokenChooser) -> Callable[[int], int]:
+        """Verify ``[root, drafts...]`` in one target pass; returns the target's choice per row index
+        (the backend argmax's ids in this generation's greedy backend mode, else ``choose`` on the
+        row's logits)."""
+        if self._argmax:
+            ids = self.target.verify_argmax(tokens)
+            return lambda node: int(ids[node])
+        logits = self.target.verify(tokens)
+        return lambda node: choose(logits[node])
+
+    def _verify_tree(self, tree: Tree, choose: TokenChooser) -> Callable[[int], int]:
+        """``_verify_chain`` for a draft tree (Target.verify_tree); the choice per node index."""
+        if self._argmax:
+            ids = self.target.verify_tree_argmax(tree.tokens, tree.depth, tree.parents)
+            return lambda node: int(ids[node])
+        logits = self.target.verify_tree(tree.tokens, tree.depth, tree.parents)
+        return lambda node: choose(logits[node])
+
     def _draft(self, dft: DFlashDrafter, last: int, pos: int, k: int, k_plan: int,
-               with_curve: bool) -> tuple[Tree, np.ndarray | None]:
+               with_curve: bool, clock: PhaseClock) -> tuple[Tree, np.ndarray | None]:
         """One drafter pass → the draft of ``k`` tokens (chain, DDTree or w-wide tree).
 
         ``with_curve`` (auto budget): the tree is first built for ``k_plan`` ≥ k
         nodes to get the gain curve ``[k_plan]`` (budget.gain_curve), then cut
         to its first ``k`` nodes; otherwise ``k_plan == k`` and the curve is None.
         The caller bounds ``k_plan`` by the room in the context (every node takes a KV cell).
+        ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
         """
         depth = min(dft.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
         if self.tree_mode == "chain" and not with_curve:
             drafts = np.asarray(dft.draft_chain(last, pos, k), dtype=np.int64)
-            return build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k), None
+            clock.mark("drafter")
+            tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
+            clock.mark("tree")
+            return tree, None
         cand, logp = dft.top_k(last, pos, depth, 1 if self.tree_mode == "chain" else self.tree_top_k)
+        clock.mark("drafter")
         if self.tree_mode == "wide":
             tree = build_wide(last, cand, logp, k_plan, width=self.tree_width)
         else:
             tree = (build_chain if self.tree_mode == "chain" else BUILDERS[self.tree_mode])(last, cand, logp, k_plan)
-        if not with_curve:
-            return tree, None
-        return tree.truncate(k), gain_curve(tree.logp[1:], k_plan)
+        curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
+        tree = tree.truncate(k) if with_curve else tree
+        clock.mark("tree")
+        return tree, curve
 
     def close(self) -> None:
         """Free both models and contexts; later calls raise RuntimeError (idempotent)."""

@@ -1,7 +1,29 @@
 """Per-generation statistics: acceptance length τ, speed and the time split."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
+
+#: Phases of a decode step timed by ``PhaseClock`` (seconds in ``GenerationStats.t_phases``):
+#: drafter = KV injection + drafting pass(es); tree = building the draft tree (or chain) from the
+#: drafter's candidates; verify = the target pass and reading its results (logits or argmax ids);
+#: accept = the acceptance walk (host argmax / sampling of the visited rows) and the KV commit.
+#: The rest of the decode time (budget choice, the generator, stop strings) is ``t_other_phases``.
+PHASES = ("drafter", "tree", "verify", "accept")
+
+
+class PhaseClock:
+    """Splits wall time into ``PHASES``: each ``mark(phase)`` adds the time since the previous mark
+    (or the clock's creation) to ``acc[phase]`` (seconds, ``time.perf_counter``)."""
+
+    def __init__(self, acc: dict):
+        self.acc, self.t = acc, time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Charge the time since the last mark to ``phase`` (a key of ``acc``)."""
+        now = time.perf_counter()
+        self.acc[phase] += now - self.t
+        self.t = now
 
 
 @dataclass
@@ -24,6 +46,7 @@ class GenerationStats:
     t_verify: float = 0.0
     t_total: float = 0.0
     finish_reason: str = ""
+    t_phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))  # see PHASES
 
     @property
     def tau(self) -> float:
@@ -38,6 +61,11 @@ class GenerationStats:
         return max(self.t_decode - self.t_draft - self.t_verify, 0.0)
 
     @property
+    def t_other_phases(self) -> float:
+        """Decode time outside ``PHASES`` (seconds)."""
+        return max(self.t_decode - sum(self.t_phases.values()), 0.0)
+
+    @property
     def tokens_per_s(self) -> float:
         return self.n_generated / self.t_decode if self.n_generated else 0.0
 
@@ -49,5 +77,6 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s, t_decode=self.t_decode, t_other=self.t_other)
+        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s, t_decode=self.t_decode, t_other=self.t_other,
+                 t_other_phases=self.t_other_phases)
         return d

@@ -83,6 +83,9 @@ class Target:
         #: False for a recurrent (hybrid) target: ``commit`` can then only keep every verified token,
         #: and drafts must be verified with ``verify_tree`` / ``commit_tree``.
         self.can_truncate = self.model.arch not in RECURRENT_ARCHS
+        #: output rows per batch of the attached backend top-1 sampler (``attach_argmax``); 0 = none
+        #: attached (raw logits are copied to the host), None = the backend cannot run it.
+        self.argmax_rows: int | None = 0
 
     # -- features ------------------------------------------------------------------------
     def set_features(self, layers: list[int]) -> None:
@@ -123,10 +126,26 @@ class Target:
         self.n_past = 0
 
     def prefill(self, tokens: list[int], on_chunk=None) -> np.ndarray:
-        """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits.
+        """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits
+        ``[n_vocab]`` float32 (a view). Detaches the backend argmax first (``detach_argmax``).
 
         ``on_chunk(pos0, n)`` is called after each chunk, while its features are readable.
         """
+        self.detach_argmax()
+        self._prefill(tokens, on_chunk)
+        return self.ctx.logits(1)[0]
+
+    def prefill_argmax(self, tokens: list[int], on_chunk=None) -> int:
+        """``prefill`` on the backend top-1 sampler: returns the last row's argmax token id
+        (exact ties: see ``attach_argmax``). Raises RuntimeError unless ``attach_argmax`` succeeded."""
+        self._check_argmax(1)
+        n = self._prefill(tokens, on_chunk)
+        return int(self._read_argmax(n - 1, 1)[0])
+
+    def _prefill(self, tokens: list[int], on_chunk) -> int:
+        """Decode the chunks (last row of each an output); returns the last chunk's length."""
+        if len(tokens) == 0:
+            raise ValueError("nothing to prefill (no tokens)")
         self.check_fits(len(tokens))
         self.reset()
         for s in range(0, len(tokens), self.n_batch):
@@ -135,21 +154,35 @@ class Target:
             if on_chunk is not None:
                 on_chunk(s, len(chunk))
         self.n_past = len(tokens)
-        return self.ctx.logits(1)[0]
+        return len(chunk)
 
     def verify(self, tokens: list[int]) -> np.ndarray:
-        """Decode ``[root, drafts...]`` at ``n_past..``; logits ``[len(tokens), n_vocab]`` (a view).
+        """Decode ``[root, drafts...]`` at ``n_past..``; logits ``[len(tokens), n_vocab]`` float32 (a view).
+        Detaches the backend argmax first (``detach_argmax``).
 
         Raises ContextOverflowError if they would run past the context.
         """
+        self.detach_argmax()
+        return self.ctx.logits(self._decode_chain(tokens))
+
+    def verify_argmax(self, tokens: list[int]) -> np.ndarray:
+        """``verify`` on the backend top-1 sampler: each row's argmax, int32 ``[len(tokens)]``
+        (exact ties: see ``attach_argmax``); no logits reach the host.
+
+        Raises RuntimeError unless ``attach_argmax`` succeeded, ValueError when ``tokens`` has more
+        rows than it was attached for, ContextOverflowError as ``verify``.
+        """
+        self._check_argmax(len(tokens))
+        return self._read_argmax(0, self._decode_chain(tokens))
+
+    def _decode_chain(self, tokens) -> int:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
-        n = self.ctx.decode_tokens(tokens, self.n_past, "all")
-        return self.ctx.logits(n)
+        return self.ctx.decode_tokens(tokens, self.n_past, "all")
 
     def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order
-        (a :class:`NodeRows` view).
+        (a :class:`NodeRows` view). Detaches the backend argmax first (``detach_argmax``).
 
         Node i is decoded at ``n_past + depth[i]`` and attends to the committed
         cache and its own ancestors only. llama.cpp needs non-decreasing
@@ -158,6 +191,23 @@ class Target:
         ContextOverflowError / ValueError when the tree does not fit the context
         or one batch.
         """
+        self.detach_argmax()
+        self._decode_tree(tokens, depth, parents)
+        return NodeRows(self.ctx.logits(len(tokens)), self._tree_row)
+
+    def verify_tree_argmax(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
+        """``verify_tree`` on the backend top-1 sampler: each node's argmax, int32 ``[N]`` in node
+        order (exact ties: see ``attach_argmax``); no logits reach the host.
+
+        Raises RuntimeError unless ``attach_argmax`` succeeded, ValueError when the tree has more
+        nodes than it was attached for, and as ``verify_tree``.
+        """
+        self._check_argmax(len(tokens))
+        self._decode_tree(tokens, depth, parents)
+        return self._read_argmax(0, len(tokens))[self._tree_row]
+
+    def _decode_tree(self, tokens, depth, parents) -> None:
+        """The tree batch of ``verify_tree`` (sets ``_tree_row``: node -> batch row)."""
         n = len(tokens)
         if self.n_past + int(depth.max()) + 1 > self.n_ctx:
             raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
@@ -175,7 +225,48 @@ class Target:
             native.tree_set(self.ctx.ptr, None)
             raise
         self._tree_row = row
-        return NodeRows(self.ctx.logits(n), row)
+
+    # -- backend argmax (greedy verification without logits on the host) ------------------
+    def attach_argmax(self, n_rows: int) -> bool:
+        """Compute each output row's argmax in the ggml graph (``native.topk_attach`` with k = 1)
+        for batches of up to ``n_rows`` output rows, so that ``*_argmax`` decodes copy one int per
+        row instead of ``n_vocab`` floats.
+
+        Re-attaches (a scheduler reserve at the next decode) only when ``n_rows`` exceeds the
+        attached limit; a smaller request keeps it. Returns False when the backend cannot run the
+        sampler (remembered; use the logits methods). Raises ValueError for ``n_rows`` outside
+        1..n_batch.
+
+        Exactly tied logits: the CPU backend's top-1 returns the lowest id, as np.argmax does;
+        CUDA's top-k does not promise an order among them. The engine uses one rule for plain and
+        speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).
+        """
+        if not 1 <= n_rows <= self.n_batch:
+            raise ValueError(f"argmax rows must be in 1..{self.n_batch} (the batch size), got {n_rows}")
+        if self.argmax_rows is None:
+            return False
+        if self.argmax_rows < n_rows:
+            if not native.topk_attach(self.ctx.ptr, 1, n_rows):
+                self.argmax_rows = None
+                return False
+            self.argmax_rows = n_rows
+        return True
+
+    def detach_argmax(self) -> None:
+        """Detach the backend argmax (a no-op when none is attached): raw logits are copied again."""
+        if self.argmax_rows:
+            native.topk_attach(self.ctx.ptr, 0)
+            self.argmax_rows = 0
+
+    def _check_argmax(self, n_rows: int) -> None:
+        if not self.argmax_rows:
+            raise RuntimeError("no backend argmax is attached: call attach_argmax first (or use the logits methods)")
+        if n_rows > self.argmax_rows:
+            raise ValueError(f"a batch of {n_rows} output rows exceeds the backend argmax's limit of "
+                             f"{self.argmax_rows}: attach_argmax({n_rows}) first")
+
+    def _read_argmax(self, i0: int, n: int) -> np.ndarray:
+        return native.topk_get(self.ctx.ptr, i0, n, 1)[0][:, 0]
 
     def tree_rows(self, nodes) -> np.ndarray:
         """Batch rows of tree ``nodes`` in the last tree decode (for ``features``)."""
@@ -198,5 +289,8 @@ class Target:
         self.ctx.truncate(self.n_past)
 
     def close(self) -> None:
+        """Free the context and model (the backend argmax is detached first)."""
+        if self.ctx.ptr:
+            self.detach_argmax()  # llama.cpp keeps a pointer to the sampler
         self.ctx.close()
         self.model.close()

@@ -149,9 +149,20 @@ def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
             r["divergence"] = asdict(classify(engine.target, ids, plain[key], r["output_ids"]))
 
 
+def phase_ms(rows: list[dict], steps: int) -> dict:
+    """Mean wall time per decode step (ms) in each phase of ``tfm_local.stats.PHASES`` (drafter,
+    tree, verify, accept) and ``other`` (the rest of the decode time) over ``rows``; zeros without steps."""
+    from ..stats import PHASES
+
+    tot = {p: sum(r["t_phases"][p] for r in rows) for p in PHASES}
+    tot["other"] = sum(r["t_other_phases"] for r in rows)
+    return {p: 1e3 * v / steps if steps else 0.0 for p, v in tot.items()}
+
+
 def aggregate(rows: list[dict]) -> dict:
     """Totals of a set of runs: τ = emitted / verify passes, tok/s = tokens / decode time,
-    mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain)."""
+    mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain),
+    ms_per_step = the step's time split (``phase_ms``)."""
     steps = sum(r["n_steps"] for r in rows)
     toks = sum(r["n_step_tokens"] for r in rows)
     gen = sum(r["n_generated"] for r in rows)
@@ -162,7 +173,7 @@ def aggregate(rows: list[dict]) -> dict:
     return dict(n_prompts=len(rows), n_generated=gen, tau=toks / steps if steps else 0.0,
                 tokens_per_s=gen / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
                 t_verify=sum(r["t_verify"] for r in rows), t_decode=t, n_steps=steps, n_spec_steps=spec,
-                n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0,
+                n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0, ms_per_step=phase_ms(rows, steps),
                 mismatches=checked.count(False) if checked else None,
                 not_near_ties=sum(1 for r in rows if r.get("divergence") and not r["divergence"]["near_tie"])
                 if checked else None)
@@ -283,6 +294,18 @@ def print_table(table: list[dict]) -> None:
         mm = "-" if r["mismatches"] is None else f"{r['mismatches']} ({r['not_near_ties']})"
         print(f"{r['set']:<10} {r['mode']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
               f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>21}")
+    print_phases(table, w)
+
+
+def print_phases(table: list[dict], w: int) -> None:
+    """Second table: ms per decode step in each phase (drafter = injection + drafting pass, tree =
+    building the draft, verify = target pass + reading its results, accept = walk + KV commit)."""
+    cols = ("drafter", "tree", "verify", "accept", "other")
+    print(f"\n{'ms per step':<{11 + w}} " + " ".join(f"{c:>8}" for c in cols) + f" {'total':>8}")
+    for r in table:
+        ms = r["ms_per_step"]
+        print(f"{r['set']:<10} {r['mode']:<{w}} " + " ".join(f"{ms[c]:>8.2f}" for c in cols)
+              + f" {sum(ms.values()):>8.2f}")
 
 
 def machine_info(args, engine) -> dict:

@@ -113,8 +113,11 @@ def answer(engine, messages: list[dict], args) -> tuple[str, bool]:
 def add_stats(total, stats) -> None:
     """Add the counters and times of one generation's stats to ``total`` (both GenerationStats)."""
     for f in dataclasses.fields(stats):
-        if f.name != "finish_reason":
-            setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        a, b = getattr(total, f.name), getattr(stats, f.name)
+        if isinstance(a, dict):  # t_phases
+            setattr(total, f.name, {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()})
+        elif f.name != "finish_reason":
+            setattr(total, f.name, a + b)
 
 
 class Chat:

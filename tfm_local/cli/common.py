@@ -50,6 +50,10 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
     ap.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
+    ap.add_argument("--greedy-argmax", default="auto", choices=["auto", "backend", "host"],
+                    help="greedy decoding: each verified row's argmax computed on the target's backend, or "
+                         "its logits copied to the host and argmax there (default auto: backend on a GPU; "
+                         "$TFM_GREEDY_ARGMAX overrides auto)")
 
 
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:
@@ -76,6 +80,7 @@ def engine_from_args(args: argparse.Namespace):
         return Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
                       n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
                       drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
-                      n_gpu_layers=0 if args.cpu else -1, tree=args.tree)
+                      n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
+                      greedy_argmax=getattr(args, "greedy_argmax", "auto"))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))
