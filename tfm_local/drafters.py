@@ -23,7 +23,7 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: target identity (see ``_target_key``) → shipped vocabulary-less drafter (trained, see docs/training.md)
 SHIPPED = {
-    "d5cde8a7e219b5f2": "qwen2.5-coder-1.5b-instruct.dflash-L1-q8_0.novocab.gguf",
+    "d5cde8a7e219b5f2": "qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf",
 }
 
 

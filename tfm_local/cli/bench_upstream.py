@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-_COUNTER = re.compile(r"^(n_drafted|n_accept|n_predict)\s*=\s*(\d+)", re.M)
+# lines may carry a log prefix ("0.03.256.937 I n_drafted = 1380") when the build logs with timestamps
+_COUNTER = re.compile(r"^(?:[\d.]+ [A-Z] )?(n_drafted|n_accept|n_predict)\s*=\s*(\d+)", re.M)
 
 
 def parse_output(text: str) -> dict:
