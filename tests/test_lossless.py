@@ -54,3 +54,13 @@ def test_second_best_token_is_a_tie_only_within_the_gap(target):
     assert not classify(target, PROMPT, ref, out, gap=gap * 0.99).near_tie
     worst = int(np.argmin(logits))
     assert not classify(target, PROMPT, ref, ref[:2] + [worst]).near_tie or logits.max() - logits.min() < TIE_GAP
+
+
+def test_relative_gap_scales_with_the_largest_logit(target):
+    ref = greedy(target, 4)
+    logits = np.asarray(target.prefill(PROMPT + ref[:2]), dtype=np.float64)
+    second = int(np.argsort(-logits)[1])
+    rel = float(logits.max() - logits[second]) / np.abs(logits).max()
+    out = ref[:2] + [second]
+    assert classify(target, PROMPT, ref, out, gap=0.0, rel=rel * 1.01).near_tie
+    assert not classify(target, PROMPT, ref, out, gap=1e9, rel=rel * 0.99).near_tie

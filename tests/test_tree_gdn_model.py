@@ -19,7 +19,7 @@ from tfm_local.target import Target
 
 from synth import write_tiny_target
 from test_engine import PROMPTS, run_ids, run_with_drafter
-from test_tree_verify import TreeOracle, close_or_tie, path_of
+from test_tree_verify import TreeOracle, assert_greedy_same_or_near_tie, close_or_tie, path_of
 
 
 def close(a, b) -> bool:
@@ -185,16 +185,20 @@ def q35_engines(q35, tmp_path_factory):
 @pytest.mark.parametrize("mode,p_wrong", [("ddtree", 0.0), ("ddtree", 0.3), ("chain", 0.3)])
 def test_engine_greedy_equals_plain(q35, q35_engines, mode, p_wrong):
     """DDTree and chain steps (a chain is verified as a chain-shaped tree on a hybrid: its state
-    cannot be truncated) give plain greedy's tokens."""
+    cannot be truncated) give plain greedy's tokens (on a GPU build up to a near-tie of plain's logits,
+    ``assert_greedy_same_or_near_tie``)."""
     drafter, plain = q35_engines
     spec = Engine(q35, drafter, n_ctx=512, budget=16, tree=mode)
     try:
         for prompt in PROMPTS:
             ref = run_ids(plain, prompt, 40)
-            oracle = TreeOracle(spec.drafter, len(plain.prompt_tokens(prompt)), ref, p_wrong)
-            assert run_with_drafter(spec, oracle, prompt, 40) == ref
-            assert spec.stats.tau > 1.5, "oracle drafts should be accepted"
-            assert run_ids(spec, prompt, 24) == ref[:24]  # the random drafter's own drafts
+            ids = plain.prompt_tokens(prompt)
+            oracle = TreeOracle(spec.drafter, len(ids), ref, p_wrong)
+            out = run_with_drafter(spec, oracle, prompt, 40)
+            assert_greedy_same_or_near_tie(q35, ids, out, ref)
+            assert spec.stats.tau > 1.5 or out != ref, "oracle drafts should be accepted"
+            # the random drafter's own drafts
+            assert_greedy_same_or_near_tie(q35, ids, run_ids(spec, prompt, 24), ref[:24])
     finally:
         spec.close()
 

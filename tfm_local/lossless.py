@@ -42,12 +42,13 @@ def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
 
 
 def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[int],
-             gap: float = TIE_GAP) -> Divergence | None:
+             gap: float = TIE_GAP, rel: float | None = None) -> Divergence | None:
     """Check a divergence of ``out`` from the plain greedy output ``ref`` (None when equal).
 
     ``target`` is a :class:`tfm_local.target.Target`; its KV cache is reset by a prefill of
     ``prompt_ids + ref[:i]`` (float32 logits ``[n_vocab]`` of the next token). Outputs that differ
-    only in length (one stopped earlier) are not a near-tie.
+    only in length (one stopped earlier) are not a near-tie. With ``rel`` the tie gap is ``rel``
+    times the largest |logit| there instead of ``gap`` (a tolerance relative to the logits' scale).
     """
     i = first_divergence(ref, out)
     if i is None:
@@ -57,4 +58,6 @@ def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[in
     logits = np.asarray(target.prefill(list(prompt_ids) + list(ref[:i])), dtype=np.float64)
     best = logits.max()
     gaps = (float(best - logits[ref[i]]), float(best - logits[out[i]]))
+    if rel is not None:
+        gap = rel * float(np.abs(logits).max())
     return Divergence(i, int(ref[i]), int(out[i]), gaps, max(gaps) < gap)
