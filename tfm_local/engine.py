@@ -30,10 +30,14 @@ DEFAULT_TREE_BUDGET = 63
 
 #: How greedy steps read the target's choice: "backend" = each verified row's argmax computed in the
 #: target's graph (Target.attach_argmax, one int per row reaches the host), "host" = full logits
-#: copied to the host and np.argmax. "auto" = backend on a GPU, CPU_ARGMAX on the CPU; the
-#: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto".
+#: copied to the host and np.argmax. "auto" = GPU_ARGMAX on a GPU, CPU_ARGMAX on the CPU; the
+#: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto". Both are "host" from
+#: measurements: equal within noise on the 2-core CPU (docs/cpu.md); on the H200 the backend top-1
+#: (a full log-softmax and top-k per row, patch 0004) made a 64-node verify 14.2 ms against 8.6 ms
+#: with the host copy (docs/gpu-h200.md, 2026-11-29).
 ARGMAX_MODES = ("auto", "backend", "host")
 CPU_ARGMAX = "host"
+GPU_ARGMAX = "host"
 
 
 def backend_argmax_wanted(mode: str, on_gpu: bool) -> bool:
@@ -42,7 +46,7 @@ def backend_argmax_wanted(mode: str, on_gpu: bool) -> bool:
     Raises ValueError for an unknown mode (also from TFM_GREEDY_ARGMAX).
     """
     if mode == "auto":
-        mode = os.environ.get("TFM_GREEDY_ARGMAX") or ("backend" if on_gpu else CPU_ARGMAX)
+        mode = os.environ.get("TFM_GREEDY_ARGMAX") or (GPU_ARGMAX if on_gpu else CPU_ARGMAX)
     if mode not in ARGMAX_MODES[1:]:
         raise ValueError(f"greedy argmax must be one of {', '.join(ARGMAX_MODES)} "
                          f"(also TFM_GREEDY_ARGMAX: backend or host), got {mode!r}")
