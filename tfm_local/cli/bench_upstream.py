@@ -2,8 +2,12 @@
 
 The comparison point of issue 4: the same target and drafter GGUFs and the same prompt sets
 (first N prompts, the target's chat template, greedy, ``--max-tokens`` new tokens) run through
-upstream's example program, built from the pinned llama.cpp source *without* our patches, e.g.::
+upstream's example program, built from the pinned llama.cpp source without our speculative
+patches. The pinned qwen2 graph does not expose the layer inputs DFlash reads (upstream aborts with
+``GGML_ASSERT(t_layer_inp[il] != nullptr)``), so for qwen2 targets apply our patch 0002 alone
+(layer inputs for qwen2 and gemma3) first, e.g.::
 
+    patch -p1 < ggml_ops/patches/0002-layer-inputs-qwen2-gemma3.patch    # in the sdist root
     cmake -S vendor/llama.cpp -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
     cmake --build build --target llama-speculative-simple
     python -m tfm_local.cli.bench_upstream --binary build/bin/llama-speculative-simple \\
