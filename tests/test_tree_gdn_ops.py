@@ -218,6 +218,32 @@ def test_gdn_tree_per_sequence_trees_and_broadcasts(device, kda):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("S", [32, 128])
+@pytest.mark.parametrize("kda", [False, True], ids=["scalar-g", "vector-g"])
+@pytest.mark.parametrize("N", [100, 160])
+def test_gdn_tree_paths_deeper_than_32(device, S, kda, N):
+    """Paths of up to ~90 nodes (a 70-node chain, then random parents) and N past 128: the CUDA
+    scalar-gate kernels keep 32 ancestors per node in registers and read the rest apart, and fall
+    back to the column-warp kernel above 128 nodes."""
+    _device_or_skip(device)
+    err = ERR_F32_BY_DEVICE[device]
+    rng = _rng("deep32", S, kda, N)
+    B, H, H_k = 1, 4, 2
+    parent = np.arange(-1, N - 1, dtype=np.int32)
+    for i in range(70, N):
+        parent[i] = int(rng.integers(-1, i))
+    q, k, v, g, beta, state = make_inputs(rng, B, N, H, H_k, S, kda)
+    g *= 0.2  # decays e^g in ~(0.87, 1): the deep ancestors still matter
+    o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent, device=device, n_threads=2)
+    assert all(np.isfinite(x).all() for x in (o, u, gamma, kc))
+    ro, ru, rg = ref_tree(q, k, v, g, beta, state, parent)
+    assert rel_err(o, ro) < err["o"]
+    assert rel_err(u, ru) < err["u"]
+    assert rel_err(gamma, rg) < err["gamma"]
+    np.testing.assert_array_equal(kc, k)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("S", [64, 128])
 @pytest.mark.parametrize("kda", [False, True], ids=["scalar-g", "vector-g"])
 def test_gdn_tree_on_a_chain_equals_gated_delta_net(device, S, kda):
