@@ -18,36 +18,14 @@ Tensor shapes below are given in numpy (row-major) order, which is GGUF's
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 import gguf
-
-#: Text the merges are learned from (our own words; any short English text works).
-_MERGE_CORPUS = (
-    "hello world. hello there, world! the quick brown fox jumps over the lazy dog. "
-    "the world says hello to the fox and the dog. a small model for a small test: "
-    "hello, hello, world, world. tests sample tokens from the model and the drafter. "
-    "<think> the answer is in the world of the model </think> def hello(): return 42\n"
-)
-
-#: Special tokens, in id order, appended after the learned tokens.
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-#: ChatML template (Jinja) in the style of Qwen2.5 instruct models.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-_TOKEN_NORMAL = int(gguf.TokenType.NORMAL)
-_TOKEN_CONTROL = int(gguf.TokenType.CONTROL)
-_TOKEN_UNUSED = int(gguf.TokenType.UNUSED)
+from tfm_local.synth_hybrid import HybridShape, write_qwen35
+from tfm_local.synth_vocab import (CHATML_TEMPLATE, SPECIAL_TOKENS, TinyVocab, byte_to_unicode,  # noqa: F401
+                                   learn_merges)
 
 _SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3", "qwen35")
 
@@ -56,143 +34,6 @@ _SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3", "qwen35")
 #: token dominates the residual and the model mostly predicts that same token again. Post-norm
 #: weights of about this size let the layers dominate, like the other synthetic archs.
 GEMMA3_POST_NORM_GAIN = 8.0
-
-
-def byte_to_unicode() -> dict[int, str]:
-    """The reversible byte → printable-character map of byte-level BPE.
-
-    Printable Latin-1 bytes map to themselves; the other 68 bytes (controls,
-    space, etc.) map, in byte order, to the code points 256, 257, ... This is
-    the convention llama.cpp's BPE tokenizer (``unicode_byte_to_utf8``)
-    expects for the text of byte tokens (GPT-2 scheme, Radford et al. 2019).
-
-    Returns:
-        dict of 256 entries, byte value (0..255) → one-character str.
-    """
-    printable = set(range(ord("!"), ord("~") + 1))
-    printable |= set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    table: dict[int, str] = {}
-    extra = 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def _pretokenize(text: str) -> list[str]:
-    """Split text into words (a leading space kept), roughly like GPT-2's pre-tokenizer."""
-    return re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", text)
-
-
-def learn_merges(text: str, n_merges: int) -> list[tuple[str, str]]:
-    """Learn byte-level BPE merges from ``text`` (Sennrich et al. 2016).
-
-    Greedy: repeatedly merge the most frequent adjacent pair inside words;
-    ties are broken by the pair's text so the result is deterministic.
-
-    Args:
-        text: training text (UTF-8 encodable).
-        n_merges: wanted number of merges; fewer are returned when no pair
-            occurs twice or more.
-
-    Returns:
-        list of (left, right) symbol pairs in the byte-to-unicode alphabet,
-        in merge-rank order.
-    """
-    b2u = byte_to_unicode()
-    words = Counter(tuple(b2u[b] for b in w.encode("utf-8")) for w in _pretokenize(text))
-    merges: list[tuple[str, str]] = []
-    for _ in range(n_merges):
-        pairs: Counter[tuple[str, str]] = Counter()
-        for word, count in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += count
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        if pairs[best] < 2:
-            break
-        merges.append(best)
-        words = Counter({_apply_merge(w, best): c for w, c in words.items()})
-    return merges
-
-
-def _apply_merge(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
-    """Replace every occurrence of ``pair`` in ``word`` by the joined symbol."""
-    out: list[str] = []
-    i = 0
-    while i < len(word):
-        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
-            out.append(word[i] + word[i + 1])
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return tuple(out)
-
-
-class TinyVocab:
-    """The synthetic tokenizer: tokens, token types and merges.
-
-    Attributes:
-        tokens: list[str] of length n_vocab; ids 0..255 are the byte tokens.
-        token_types: list[int] (gguf.TokenType values) of length n_vocab.
-        merges: list[str], "left right" in rank order.
-        special: dict name → id for the SPECIAL_TOKENS.
-        unused_ids: list[int] of the UNUSED padding ids (at the end).
-    """
-
-    def __init__(self, n_merges: int = 48, n_vocab: int | None = None):
-        """Build the vocabulary.
-
-        Args:
-            n_merges: merges learned from the built-in text (≤ ~60 possible).
-            n_vocab: total size; default = the used size rounded up to a
-                multiple of 64 with at least 8 unused ids. Raises ValueError
-                when smaller than the used size + 1.
-        """
-        b2u = byte_to_unicode()
-        pairs = learn_merges(_MERGE_CORPUS, n_merges)
-        self.tokens = [b2u[b] for b in range(256)]
-        for a, b in pairs:  # two merges can spell the same token: keep one entry
-            if a + b not in self.tokens:
-                self.tokens.append(a + b)
-        self.token_types = [_TOKEN_NORMAL] * len(self.tokens)
-        self.merges = [f"{a} {b}" for a, b in pairs]
-        self.special = {}
-        for text in SPECIAL_TOKENS:
-            self.special[text] = len(self.tokens)
-            self.tokens.append(text)
-            self.token_types.append(_TOKEN_CONTROL)
-        n_used = len(self.tokens)
-        if n_vocab is None:
-            n_vocab = -(-(n_used + 8) // 64) * 64
-        if n_vocab <= n_used:
-            raise ValueError(f"n_vocab={n_vocab} must exceed the {n_used} used tokens")
-        self.unused_ids = list(range(n_used, n_vocab))
-        self.tokens += [f"[PAD{i}]" for i in self.unused_ids]
-        self.token_types += [_TOKEN_UNUSED] * len(self.unused_ids)
-
-    @property
-    def n_vocab(self) -> int:
-        """Number of tokens, padding included."""
-        return len(self.tokens)
-
-    def write_to(self, writer: gguf.GGUFWriter, chat_template: str = CHATML_TEMPLATE) -> None:
-        """Add the tokenizer.* keys (gpt2 model, qwen2 pre-tokenizer, ``chat_template``) to ``writer``."""
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("qwen2")
-        writer.add_token_list(self.tokens)
-        writer.add_token_types(self.token_types)
-        writer.add_token_merges(self.merges)
-        writer.add_bos_token_id(self.special["<|endoftext|>"])
-        writer.add_eos_token_id(self.special["<|im_end|>"])
-        writer.add_pad_token_id(self.special["<|endoftext|>"])
-        writer.add_add_bos_token(False)
-        writer.add_chat_template(chat_template)
 
 
 def _common_hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
@@ -372,116 +213,22 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
 # ``full_attention_interval`` layers), with the tensor layout of llama.cpp's qwen35 loader.
 # --------------------------------------------------------------------------------------
 
-def tiny_qwen35_tensors(rng: np.random.Generator, *, n_layer: int, n_embd: int, n_head: int,
-                        n_head_kv: int, head_dim: int, n_ff: int, n_vocab: int, full_attn_interval: int,
-                        d_state: int, n_k_heads: int, n_v_heads: int, d_conv: int,
-                        logit_std: float = 3.0) -> dict[str, np.ndarray]:
-    """Random qwen35 weights, float32, numpy shape order (GGUF ``ne`` reversed).
-
-    Layer ``il`` is full attention when ``(il + 1) % full_attn_interval == 0``,
-    otherwise a Gated DeltaNet layer with S = ``d_state`` (key and value head
-    size), H_k = ``n_k_heads``, H_v = ``n_v_heads``:
-
-    - attention: ``attn_q`` (2·n_head·head_dim, n_embd) (query and output gate
-      interleaved per head), ``attn_k`` / ``attn_v`` (n_head_kv·head_dim, n_embd),
-      ``attn_output`` (n_embd, n_head·head_dim), ``attn_q_norm`` / ``attn_k_norm`` (head_dim);
-    - DeltaNet: ``attn_qkv`` (2·S·H_k + S·H_v, n_embd), ``attn_gate`` (S·H_v, n_embd),
-      ``ssm_conv1d`` (2·S·H_k + S·H_v, d_conv), ``ssm_dt.bias`` (H_v), ``ssm_a`` (H_v, negative:
-      −exp(A_log)), ``ssm_beta`` / ``ssm_alpha`` (H_v, n_embd), ``ssm_norm`` (S),
-      ``ssm_out`` (n_embd, S·H_v);
-    - every layer: ``attn_norm``, ``post_attention_norm`` (n_embd), SwiGLU FFN.
-
-    The decay e^g per step, g = softplus(alpha + dt) · a, lies mostly in 0.4–0.95 so
-    the recurrent state carries several tokens of history.
-    """
-    mat, norm, t = _random_weights(rng, n_vocab=n_vocab, n_embd=n_embd, logit_std=logit_std)
-    key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
-    conv_dim = 2 * key_dim + value_dim
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = norm(n_embd)
-        t[p + "post_attention_norm.weight"] = norm(n_embd)
-        if (i + 1) % full_attn_interval == 0:
-            t[p + "attn_q.weight"] = mat(2 * n_head * head_dim, n_embd)
-            t[p + "attn_k.weight"] = mat(n_head_kv * head_dim, n_embd)
-            t[p + "attn_v.weight"] = mat(n_head_kv * head_dim, n_embd)
-            t[p + "attn_output.weight"] = mat(n_embd, n_head * head_dim)
-            t[p + "attn_q_norm.weight"] = norm(head_dim)
-            t[p + "attn_k_norm.weight"] = norm(head_dim)
-        else:
-            t[p + "attn_qkv.weight"] = mat(conv_dim, n_embd)
-            t[p + "attn_gate.weight"] = mat(value_dim, n_embd)
-            t[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, d_conv)) / np.sqrt(d_conv)).astype(np.float32)
-            t[p + "ssm_dt.bias"] = (0.3 * rng.standard_normal(n_v_heads)).astype(np.float32)
-            t[p + "ssm_a"] = (-np.exp(rng.uniform(-2.0, -0.5, n_v_heads))).astype(np.float32)
-            t[p + "ssm_beta.weight"] = mat(n_v_heads, n_embd)
-            t[p + "ssm_alpha.weight"] = mat(n_v_heads, n_embd)
-            t[p + "ssm_norm.weight"] = norm(d_state)
-            t[p + "ssm_out.weight"] = mat(n_embd, value_dim)
-        t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
-        t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
-        t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
-    return t
-
-
 def write_tiny_qwen35(path: str | Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
                       n_head_kv: int = 2, head_dim: int = 16, n_rot: int = 8, n_ff: int = 128,
                       n_ctx_train: int = 2048, full_attn_interval: int = 2, d_state: int = 16,
                       n_k_heads: int = 2, n_v_heads: int = 4, d_conv: int = 4, seed: int = 0,
                       n_vocab: int | None = None, chat_template: str = CHATML_TEMPLATE) -> Path:
-    """Write a random-weight qwen35 (Gated DeltaNet hybrid) GGUF that llama.cpp loads and runs.
+    """Write a random-weight qwen35 (Gated DeltaNet hybrid) GGUF, F32, tied embeddings: the
+    keyword arguments of ``tfm_local.synth_hybrid.HybridShape`` (layer il is attention when
+    (il + 1) % full_attn_interval == 0; defaults: layers 0, 2 DeltaNet, 1, 3 attention, S = 16,
+    H_k = 2, H_v = 4) written by ``tfm_local.synth_hybrid.write_qwen35``.
 
-    Args:
-        path: output file (overwritten).
-        n_layer: decoder layers; layer il is full attention when
-            (il + 1) % full_attn_interval == 0, Gated DeltaNet otherwise
-            (defaults: layers 0, 2 DeltaNet, 1, 3 attention).
-        n_embd, n_ff, n_ctx_train: model sizes.
-        n_head, n_head_kv, head_dim, n_rot: attention layers (IMRoPE over the
-            first n_rot dims of each head, sections [n_rot/4, n_rot/8, n_rot/8, 0]).
-        d_state: S, the key and value head size of the DeltaNet layers.
-        n_k_heads, n_v_heads: H_k (q/k heads) and H_v (v heads, the state's
-            heads); H_v must be a multiple of H_k (H_v > H_k broadcasts q/k).
-        d_conv: kernel of the short causal conv on q/k/v.
-        seed, n_vocab, chat_template: as in ``write_tiny_target``.
-
-    Returns:
-        the path written, as a Path. F32 tensors, tied embeddings.
-
-    Raises:
-        ValueError: H_v not a multiple of H_k, n_rot not a multiple of 8 or
-            above head_dim, or no layer of one of the two kinds.
+    Returns the path written; raises ValueError for an inconsistent shape (HybridShape.validate).
     """
-    if n_v_heads % n_k_heads:
-        raise ValueError("n_v_heads must be a multiple of n_k_heads")
-    if n_rot % 8 or n_rot > head_dim:
-        raise ValueError("n_rot must be a multiple of 8 and at most head_dim")
-    kinds = {(i + 1) % full_attn_interval == 0 for i in range(n_layer)}
-    if kinds != {True, False}:
-        raise ValueError("n_layer and full_attn_interval must give both attention and DeltaNet layers")
-    path = Path(path)
-    arch = "qwen35"
-    vocab = TinyVocab(n_vocab=n_vocab)
-    rng = np.random.default_rng(seed)
-    tensors = tiny_qwen35_tensors(rng, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                                  head_dim=head_dim, n_ff=n_ff, n_vocab=vocab.n_vocab,
-                                  full_attn_interval=full_attn_interval, d_state=d_state,
-                                  n_k_heads=n_k_heads, n_v_heads=n_v_heads, d_conv=d_conv)
-    writer = gguf.GGUFWriter(str(path), arch)
-    _common_hparams_to(writer, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                       n_ff=n_ff, n_ctx_train=n_ctx_train, rope_base=1_000_000.0)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(n_rot)
-    writer.add_array(f"{arch}.rope.dimension_sections", [n_rot // 4, n_rot // 8, n_rot // 8, 0])
-    writer.add_uint32(f"{arch}.full_attention_interval", full_attn_interval)
-    writer.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
-    writer.add_uint32(f"{arch}.ssm.inner_size", d_state * n_v_heads)
-    writer.add_uint32(f"{arch}.ssm.state_size", d_state)
-    writer.add_uint32(f"{arch}.ssm.time_step_rank", n_v_heads)
-    writer.add_uint32(f"{arch}.ssm.group_count", n_k_heads)
-    _write_all(writer, vocab, tensors, chat_template)
-    return path
+    shape = HybridShape(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                        n_rot=n_rot, n_ff=n_ff, n_ctx_train=n_ctx_train, full_attn_interval=full_attn_interval,
+                        d_state=d_state, n_k_heads=n_k_heads, n_v_heads=n_v_heads, d_conv=d_conv, n_vocab=n_vocab)
+    return write_qwen35(path, shape, dtype="f32", seed=seed, chat_template=chat_template)
 
 
 # --------------------------------------------------------------------------------------

@@ -113,18 +113,25 @@ class Context:
         n_batch / n_ubatch: logical / physical batch sizes (tokens).
         kv_type: KV cache type, one of ``KV_TYPES`` ("f16", "q8_0", ...).
         ctx_other: another context whose model shares tensors (DFlash drafter → target).
+        n_seq_max: sequences the memory holds (ids 0..n_seq_max-1); kv_unified: one KV stream for all
+            sequences (a ``seq_cp`` of a prefix then shares its cells instead of copying them).
+        n_rs_seq: recurrent-state snapshots per sequence for upstream's rollback of a recurrent
+            (hybrid) memory by ``truncate`` (0 = none; llama.cpp clamps it to 0 for other archs).
     Raises:
         ValueError: unknown kv_type. LlamaError: llama.cpp refused the parameters.
     """
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, n_ubatch: int = 512,
-                 kv_type: str = "f16", n_threads: int | None = None, ctx_other: "Context | None" = None):
+                 kv_type: str = "f16", n_threads: int | None = None, ctx_other: "Context | None" = None,
+                 n_seq_max: int = 1, kv_unified: bool = False, n_rs_seq: int = 0):
         if kv_type not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {kv_type!r}; choose one of {sorted(KV_TYPES)}")
         self.model = model
         p = lc.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
-        p.n_seq_max = 1
+        p.n_seq_max = n_seq_max
+        p.kv_unified = kv_unified
+        p.n_rs_seq = n_rs_seq
         threads = n_threads or default_threads()
         p.n_threads = p.n_threads_batch = threads
         p.type_k = p.type_v = KV_TYPES[kv_type]
@@ -144,9 +151,9 @@ class Context:
         self._pos = (ctypes.c_int32 * 4)()
 
     # -- batches -------------------------------------------------------------------------
-    def decode_tokens(self, tokens, pos0: int, outputs, positions=None) -> int:
-        """Decode ``tokens`` at positions ``pos0 + i`` (or ``positions[i]``); ``outputs`` = per-token
-        bools or "all"/"last".
+    def decode_tokens(self, tokens, pos0: int, outputs, positions=None, seq_ids=None) -> int:
+        """Decode ``tokens`` at positions ``pos0 + i`` (or ``positions[i]``) in sequence 0 (or
+        ``seq_ids[i]``); ``outputs`` = per-token bools or "all"/"last".
 
         Returns the number of output rows. Raises LlamaError on a failed decode.
         """
@@ -154,7 +161,7 @@ class Context:
         lc.llama_batch_ext_clear(b)
         n = len(tokens)
         for i, t in enumerate(tokens):
-            idx = lc.llama_batch_ext_add_token(b, 0, int(t))
+            idx = lc.llama_batch_ext_add_token(b, 0 if seq_ids is None else int(seq_ids[i]), int(t))
             if idx < 0:
                 raise LlamaError(f"token {t} rejected by llama.cpp batch (code {idx})")
             self._pos[0] = pos0 + i if positions is None else int(positions[i])
