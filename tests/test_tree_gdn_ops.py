@@ -35,6 +35,21 @@ def _rng(*key) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
+def check_tree_op(device: str, q, k, v, g, beta, state, parent, n_threads: int = 2):
+    """Run the tree op on ``device``; assert every output written (NaN poison) and o, u, γ within the
+    device's bounds of the float64 per-path reference; returns the op's k copy."""
+    err = ERR_F32_BY_DEVICE[device]
+    o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent, device=device,
+                                                    n_threads=n_threads)
+    for x in (o, u, gamma, kc):
+        assert np.isfinite(x).all(), "an output element was left unwritten (NaN poison)"
+    ro, ru, rg = ref_tree(q, k, v, g, beta, state, parent)
+    assert rel_err(o, ro) < err["o"]
+    assert rel_err(u, ru) < err["u"]
+    assert rel_err(gamma, rg) < err["gamma"]
+    return kc
+
+
 def _device_or_skip(device: str) -> None:
     """Skip when the patched library is missing (counts as a failure under TFM_NO_SKIP=1)."""
     try:
@@ -179,20 +194,12 @@ TREES = [("chain", 16), ("star", 33), ("forest", 8), ("deep", 128), ("bushy", 12
 @pytest.mark.parametrize("kind,N", TREES)
 def test_gdn_tree_matches_per_path_recurrence(device, S, kda, kind, N):
     _device_or_skip(device)
-    err = ERR_F32_BY_DEVICE[device]
     rng = _rng(S, kda, kind, N)
     B, H, H_k = 1, 4, 2
     parent = make_tree(kind, N, rng)
     assert tree_depths(parent).max() <= 16
     q, k, v, g, beta, state = make_inputs(rng, B, N, H, H_k, S, kda)
-    o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent, device=device, n_threads=3)
-    for x in (o, u, gamma, kc):
-        assert np.isfinite(x).all(), "an output element was left unwritten (NaN poison)"
-    ro, ru, rg = ref_tree(q, k, v, g, beta, state, parent)
-    assert rel_err(o, ro) < err["o"]
-    assert rel_err(u, ru) < err["u"]
-    assert rel_err(gamma, rg) < err["gamma"]
-    np.testing.assert_array_equal(kc, k)
+    np.testing.assert_array_equal(check_tree_op(device, q, k, v, g, beta, state, parent, n_threads=3), k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -205,12 +212,7 @@ def test_gdn_tree_per_sequence_trees_and_broadcasts(device, kda):
     B, N, H, H_k, S = 2, 40, 3, 1, 64
     parent = np.stack([make_tree("bushy", N, rng), make_tree("deep", N, rng)])
     q, k, v, g, beta, state = make_inputs(rng, B, N, H, H_k, S, kda, B_k=1)
-    o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent, device=device, n_threads=2)
-    assert all(np.isfinite(x).all() for x in (o, u, gamma, kc))
-    ro, ru, rg = ref_tree(q, k, v, g, beta, state, parent)
-    assert rel_err(o, ro) < err["o"]
-    assert rel_err(u, ru) < err["u"]
-    assert rel_err(gamma, rg) < err["gamma"]
+    check_tree_op(device, q, k, v, g, beta, state, parent)
     # a parent array shared by both sequences ([N] broadcast)
     o2, *_ = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent[0], device=device)
     ro2, _, _ = ref_tree(q, k, v, g, beta, state, np.stack([parent[0], parent[0]]))
@@ -226,7 +228,6 @@ def test_gdn_tree_paths_deeper_than_32(device, S, kda, N):
     scalar-gate kernels keep 32 ancestors per node in registers and read the rest apart, and fall
     back to the column-warp kernel above 128 nodes."""
     _device_or_skip(device)
-    err = ERR_F32_BY_DEVICE[device]
     rng = _rng("deep32", S, kda, N)
     B, H, H_k = 1, 4, 2
     parent = np.arange(-1, N - 1, dtype=np.int32)
@@ -234,13 +235,7 @@ def test_gdn_tree_paths_deeper_than_32(device, S, kda, N):
         parent[i] = int(rng.integers(-1, i))
     q, k, v, g, beta, state = make_inputs(rng, B, N, H, H_k, S, kda)
     g *= 0.2  # decays e^g in ~(0.87, 1): the deep ancestors still matter
-    o, u, gamma, kc = tree_ops.gated_delta_net_tree(q, k, v, g, beta, state, parent, device=device, n_threads=2)
-    assert all(np.isfinite(x).all() for x in (o, u, gamma, kc))
-    ro, ru, rg = ref_tree(q, k, v, g, beta, state, parent)
-    assert rel_err(o, ro) < err["o"]
-    assert rel_err(u, ru) < err["u"]
-    assert rel_err(gamma, rg) < err["gamma"]
-    np.testing.assert_array_equal(kc, k)
+    np.testing.assert_array_equal(check_tree_op(device, q, k, v, g, beta, state, parent), k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
