@@ -107,6 +107,25 @@ def test_auto_budget_goes_speculative_when_it_pays_and_calibrates():
     assert auto.choose(7) == 7
 
 
+def test_auto_budget_keeps_a_plain_decision_for_recheck_steps(monkeypatch):
+    """While plain wins, best_budget runs once per ``recheck`` plain steps (plus the probes); a
+    speculative step's statistics make the next choice compute it again."""
+    import tfm_local.budget as budget
+
+    calls = []
+    real = budget.best_budget
+    monkeypatch.setattr(budget, "best_budget", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06), recheck=4)
+    weak = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
+    auto.observe_spec(5, 0.35, 0.03, weak, 4, 0)
+    assert [auto.choose(15) for _ in range(8)] == [0] * 8   # the first probe comes after 8 plain steps
+    assert len(calls) == 2                      # steps 1 and 5
+    strong = gain_curve(np.log(np.full(15, 0.99)) * np.arange(1, 16), 15)
+    for _ in range(20):                         # the text turns easy: a spec step's stats arrive
+        auto.observe_spec(16, 0.036, 0.001, strong, 15, 15)
+    assert auto.choose(15) > 0 and len(calls) == 3
+
+
 # -- the engine in auto mode ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
