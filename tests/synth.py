@@ -2,7 +2,8 @@
 
 ``write_tiny_target`` writes a random-weight decoder (arch ``qwen2``,
 ``llama`` or ``gemma3``, the last with a few-token sliding window on some
-layers; or the Gated-DeltaNet hybrid ``qwen35``, see ``write_tiny_qwen35``) that llama.cpp loads and runs in milliseconds, with a small
+layers; or a Gated-DeltaNet hybrid ``qwen35``, ``qwen35moe`` or ``qwen3next``, see
+``write_tiny_hybrid``) that llama.cpp loads and runs in milliseconds, with a small
 byte-level BPE tokenizer built here: the 256 byte tokens, merges learned
 from a short built-in text, the ChatML special tokens and a few unused
 padding ids at the end of the vocabulary (token type UNUSED, the way
@@ -23,11 +24,12 @@ from pathlib import Path
 import numpy as np
 
 import gguf
-from tfm_local.synth_hybrid import HybridShape, write_qwen35
+from tfm_local.synth_hybrid import ARCHS as HYBRID_ARCHS
+from tfm_local.synth_hybrid import ExpertShape, HybridShape, write_hybrid
 from tfm_local.synth_vocab import (CHATML_TEMPLATE, SPECIAL_TOKENS, TinyVocab, byte_to_unicode,  # noqa: F401
                                    learn_merges)
 
-_SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3", "qwen35")
+_SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3") + HYBRID_ARCHS
 
 #: gemma3 scales the input embedding by sqrt(n_embd) and RMS-normalises every sub-layer output
 #: (post-attention / post-FFN norms), so with unit norm weights the tied embedding of the current
@@ -166,7 +168,8 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
         path: output file (overwritten).
         arch: "qwen2" (q/k/v biases, NeoX rope), "llama" or "gemma3" (q/k
             norms, sandwich norms, GELU FFN, sliding window on some layers),
-            or "qwen35" (``write_tiny_qwen35`` with its default recurrent sizes).
+            or a hybrid "qwen35", "qwen35moe", "qwen3next" (``write_tiny_hybrid`` with its
+            default recurrent and expert sizes).
         n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train: model sizes;
             n_embd must be divisible by n_head, n_head by n_head_kv.
         seed: RNG seed; equal arguments give a byte-identical file.
@@ -187,10 +190,10 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
     """
     if arch not in _SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {_SUPPORTED_ARCHS}, got {arch!r}")
-    if arch == "qwen35":
-        return write_tiny_qwen35(path, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                                 n_ff=n_ff, n_ctx_train=n_ctx_train, seed=seed, n_vocab=n_vocab,
-                                 chat_template=chat_template)
+    if arch in HYBRID_ARCHS:
+        return write_tiny_hybrid(path, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                                 n_head_kv=n_head_kv, n_ff=n_ff, n_ctx_train=n_ctx_train, seed=seed,
+                                 n_vocab=n_vocab, chat_template=chat_template)
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be divisible by n_head and n_head by n_head_kv")
     if n_swa < 0 or swa_pattern < 0:
@@ -209,8 +212,9 @@ def write_tiny_target(path: str | Path, *, arch: str = "qwen2", n_layer: int = 2
 
 
 # --------------------------------------------------------------------------------------
-# qwen35: the Gated DeltaNet hybrid (linear-attention layers, a full-attention layer every
-# ``full_attention_interval`` layers), with the tensor layout of llama.cpp's qwen35 loader.
+# The Gated DeltaNet hybrids (linear-attention layers, a full-attention layer every
+# ``full_attention_interval`` layers), with the tensor layouts of llama.cpp's qwen35, qwen35moe
+# and qwen3next loaders.
 # --------------------------------------------------------------------------------------
 
 def write_tiny_qwen35(path: str | Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
@@ -225,10 +229,32 @@ def write_tiny_qwen35(path: str | Path, *, n_layer: int = 4, n_embd: int = 64, n
 
     Returns the path written; raises ValueError for an inconsistent shape (HybridShape.validate).
     """
+    return write_tiny_hybrid(path, arch="qwen35", n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                             n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot, n_ff=n_ff,
+                             n_ctx_train=n_ctx_train, full_attn_interval=full_attn_interval, d_state=d_state,
+                             n_k_heads=n_k_heads, n_v_heads=n_v_heads, d_conv=d_conv, seed=seed,
+                             n_vocab=n_vocab, chat_template=chat_template)
+
+
+def write_tiny_hybrid(path: str | Path, *, arch: str = "qwen35", n_layer: int = 4, n_embd: int = 64,
+                      n_head: int = 4, n_head_kv: int = 2, head_dim: int = 16, n_rot: int = 8, n_ff: int = 128,
+                      n_ctx_train: int = 2048, full_attn_interval: int = 2, d_state: int = 16,
+                      n_k_heads: int = 2, n_v_heads: int = 4, d_conv: int = 4, n_expert: int = 4,
+                      n_expert_used: int = 2, n_ff_exp: int = 32, n_ff_shexp: int = 64, seed: int = 0,
+                      n_vocab: int | None = None, chat_template: str = CHATML_TEMPLATE) -> Path:
+    """Write a random-weight Gated DeltaNet hybrid GGUF of ``arch`` ("qwen35", "qwen35moe" or
+    "qwen3next"), F32, tied embeddings: the keyword arguments of ``HybridShape`` and ``ExpertShape`` written by
+    ``tfm_local.synth_hybrid.write_hybrid``. The defaults are the tiny test models: layers 0, 2
+    DeltaNet, 1, 3 attention, S = 16, H_k = 2, H_v = 4; for the MoE archs 4 experts of width 32,
+    2 used per token, and a shared expert of width 64 (qwen35 ignores the expert sizes).
+
+    Returns the path written; raises ValueError for an unknown arch or an inconsistent shape.
+    """
     shape = HybridShape(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
                         n_rot=n_rot, n_ff=n_ff, n_ctx_train=n_ctx_train, full_attn_interval=full_attn_interval,
                         d_state=d_state, n_k_heads=n_k_heads, n_v_heads=n_v_heads, d_conv=d_conv, n_vocab=n_vocab)
-    return write_qwen35(path, shape, dtype="f32", seed=seed, chat_template=chat_template)
+    experts = ExpertShape(n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp)
+    return write_hybrid(path, shape, arch=arch, experts=experts, dtype="f32", seed=seed, chat_template=chat_template)
 
 
 # --------------------------------------------------------------------------------------

@@ -140,15 +140,34 @@ def test_tokenizer_round_trip(tmp_path, lc, text):
         lc.llama_model_free(model)
 
 
-def test_qwen35_layout_loads_and_decodes(tmp_path):
-    """The tiny qwen35 hybrid: both layer kinds, H_v > H_k; batch decoding equals token-by-token decoding."""
-    path = synth.write_tiny_target(tmp_path / "q35.gguf", arch="qwen35", seed=3)
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_hybrid_layout_loads_and_decodes(tmp_path, arch):
+    """The tiny Gated DeltaNet hybrids: both layer kinds, H_v > H_k (and 4 experts, 2 used, a shared
+    expert for the MoE archs); batch decoding equals token-by-token decoding."""
+    path = synth.write_tiny_target(tmp_path / f"{arch}.gguf", arch=arch, seed=3)
     r = gguf.GGUFReader(path)
+    assert r.fields["general.architecture"].contents() == arch
     shapes = {t.name: tuple(int(x) for x in t.shape) for t in r.tensors}  # GGUF ne order
     assert shapes["blk.0.attn_qkv.weight"] == (64, 2 * 16 * 2 + 16 * 4)      # q, k: H_k = 2; v: H_v = 4
     assert shapes["blk.0.ssm_conv1d.weight"] == (4, 2 * 16 * 2 + 16 * 4)
     assert shapes["blk.1.attn_q.weight"] == (64, 2 * 4 * 16)                # query + output gate
     assert "blk.0.attn_q.weight" not in shapes and "blk.1.ssm_a" not in shapes
+    if arch == "qwen3next":
+        assert shapes["blk.0.ssm_ba.weight"] == (64, 2 * 4) and "blk.0.ssm_beta.weight" not in shapes
+        assert f"{arch}.rope.dimension_sections" not in r.fields
+    else:
+        assert shapes["blk.0.ssm_beta.weight"] == shapes["blk.0.ssm_alpha.weight"] == (64, 4)
+    if arch == "qwen35":
+        assert shapes["blk.0.ffn_down.weight"] == (128, 64) and "blk.0.ffn_gate_inp.weight" not in shapes
+    else:
+        assert r.fields[f"{arch}.expert_count"].contents() == 4
+        assert r.fields[f"{arch}.expert_used_count"].contents() == 2
+        assert shapes["blk.0.ffn_gate_inp.weight"] == (64, 4)
+        assert shapes["blk.1.ffn_up_exps.weight"] == (64, 32, 4)
+        assert shapes["blk.1.ffn_down_exps.weight"] == (32, 64, 4)
+        assert shapes["blk.0.ffn_gate_inp_shexp.weight"] == (64,)
+        assert shapes["blk.0.ffn_down_shexp.weight"] == (64, 64)
+        assert "blk.0.ffn_down.weight" not in shapes
     lc = synth.llama_cpp_lib()
     model = synth.load_model(path)
     ctx = synth.new_context(model)

@@ -1,16 +1,32 @@
-"""Random-weight qwen35 (Gated DeltaNet hybrid) GGUF files of any shape, written streaming.
+"""Random-weight Gated DeltaNet hybrid GGUF files of any shape, written streaming: llama.cpp's
+``qwen35`` (dense FFN) and its MoE relatives ``qwen35moe`` and ``qwen3next``.
 
 Layer ``il`` is full (gated) attention when ``(il + 1) % full_attn_interval == 0``, otherwise a
-Gated DeltaNet layer; tensor names, shapes and keys are those of llama.cpp's qwen35 loader
-(``src/llama-model.cpp`` in the pinned source). Tensor shapes below are numpy (row-major) order,
-GGUF's ``ne`` reversed: ``token_embd.weight`` is ``(n_vocab, n_embd)``. Embeddings are tied (no
-``output.weight``; llama.cpp duplicates ``token_embd`` for the output layer).
+Gated DeltaNet layer; tensor names, shapes and keys are those of the pinned llama.cpp loaders
+(``src/models/qwen35.cpp``, ``qwen35moe.cpp``, ``qwen3next.cpp``: ``load_arch_hparams`` and
+``load_arch_tensors``). The three differ only in:
+
+- ``qwen35``: SwiGLU FFN (``ffn_gate`` / ``ffn_up`` / ``ffn_down``), IMRoPE with
+  ``rope.dimension_sections``, separate ``ssm_beta`` / ``ssm_alpha`` projections;
+- ``qwen35moe``: the same attention and DeltaNet tensors, the FFN replaced by routed experts
+  (``ffn_gate_inp`` router, ``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps``, softmax over
+  ``expert_count``, top ``expert_used_count``, weights renormalised) plus one shared expert
+  (``ffn_gate_shexp`` / ``ffn_up_shexp`` / ``ffn_down_shexp``) scaled by sigmoid(``ffn_gate_inp_shexp``·x);
+- ``qwen3next``: the MoE FFN of ``qwen35moe``, NeoX RoPE (no sections), and one fused
+  ``ssm_ba`` projection (per q/k head group: H_v/H_k betas then H_v/H_k alphas) instead of
+  ``ssm_beta`` / ``ssm_alpha``; its graph repeats the q/k heads interleaved (k0 k0 k1 k1), where
+  qwen35's broadcast is tiled (k0 k1 k0 k1).
+
+Tensor shapes below are numpy (row-major) order, GGUF's ``ne`` reversed: ``token_embd.weight``
+is ``(n_vocab, n_embd)``. Embeddings are tied (no ``output.weight``; llama.cpp duplicates
+``token_embd`` for the output layer).
 
 Weights (all from one seeded ``numpy.random.Generator``, drawn in file order, so a file is a
-function of its shape, dtype and seed):
+function of its arch, shape, dtype and seed):
 
 - projections N(0, 1/fan_in): every sub-layer adds a residual update comparable to the embedding;
-  the residual-branch outputs (``attn_output``, ``ssm_out``, ``ffn_down``) are scaled by
+  the residual-branch outputs (``attn_output``, ``ssm_out``, ``ffn_down``, ``ffn_down_exps``,
+  ``ffn_down_shexp``) are scaled by
   ``min(1, sqrt(4 / n_layer))`` so the residual stream grows like at most 4 layers' worth and the
   activations stay finite (and inside F16's range) at any depth;
 - ``token_embd`` rows of norm ``logit_std`` (logits ≈ N(0, logit_std²) after the final RMSNorm);
@@ -36,6 +52,8 @@ import gguf
 from .synth_vocab import CHATML_TEMPLATE, TinyVocab
 
 ARCH = "qwen35"
+ARCHS = ("qwen35", "qwen35moe", "qwen3next")
+MOE_ARCHS = frozenset({"qwen35moe", "qwen3next"})
 CHUNK_ELEMENTS = 1 << 24  # values generated at once (128 MiB of float64)
 DTYPES = {"f32": np.float32, "f16": np.float16}
 _FILE_TYPE = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
@@ -52,6 +70,7 @@ class HybridShape:
     d_state: S = S_k = S_v, the DeltaNet head size; n_k_heads: H_k (q/k heads); n_v_heads: H_v
     (value / state heads, a multiple of H_k); d_conv: short-conv kernel.
     n_vocab: vocabulary size incl. padding (None: TinyVocab's default, 320).
+    The expert sizes of the MoE archs are an ``ExpertShape``.
     """
 
     n_layer: int = 4
@@ -107,6 +126,28 @@ class HybridShape:
 
 
 @dataclass(frozen=True)
+class ExpertShape:
+    """The FFN of the MoE archs (qwen35moe, qwen3next; qwen35 has none). Defaults: the tiny test models.
+
+    n_expert routed experts, of which n_expert_used per token (softmax router, weights renormalised);
+    n_ff_exp: a routed expert's FFN width; n_ff_shexp: the shared expert's FFN width.
+    """
+
+    n_expert: int = 4
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_ff_shexp: int = 64
+
+    def validate(self) -> None:
+        """Raise ValueError for a non-positive size or more experts used than there are."""
+        bad = [k for k, v in dataclasses.asdict(self).items() if v < 1]
+        if bad:
+            raise ValueError(f"sizes must be >= 1: {bad}")
+        if self.n_expert_used > self.n_expert:
+            raise ValueError("n_expert_used must be at most n_expert")
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     """One tensor: GGUF name, numpy shape, and how its values are drawn.
 
@@ -126,8 +167,10 @@ class TensorSpec:
         return int(np.prod(self.shape))
 
 
-def tensor_specs(shape: HybridShape, n_vocab: int, logit_std: float = 3.0) -> list[TensorSpec]:
-    """The tensors of ``shape`` in file (and draw) order; see the module docstring for the values.
+def tensor_specs(shape: HybridShape, n_vocab: int, logit_std: float = 3.0, arch: str = ARCH,
+                 experts: ExpertShape = ExpertShape()) -> list[TensorSpec]:
+    """The tensors of ``shape`` (and ``experts`` for the MoE archs) for ``arch`` in file (and draw)
+    order; see the module docstring for the values.
 
     Attention layers: ``attn_q`` (2·n_head·head_dim, n_embd) (query and output gate interleaved per
     head), ``attn_k`` / ``attn_v`` (n_head_kv·head_dim, n_embd), ``attn_output`` (n_embd,
@@ -136,8 +179,17 @@ def tensor_specs(shape: HybridShape, n_vocab: int, logit_std: float = 3.0) -> li
     ``ssm_dt.bias`` (H_v), ``ssm_a`` (H_v), ``ssm_beta`` / ``ssm_alpha`` (H_v, n_embd), ``ssm_norm``
     (S), ``ssm_out`` (n_embd, S·H_v). Every layer: ``attn_norm``, ``post_attention_norm`` (n_embd),
     ``ffn_gate`` / ``ffn_up`` (n_ff, n_embd), ``ffn_down`` (n_embd, n_ff).
+
+    qwen3next: ``ssm_ba`` (2·H_v, n_embd) replaces ``ssm_beta`` / ``ssm_alpha``. qwen35moe and
+    qwen3next: the FFN is ``ffn_gate_inp`` (n_expert, n_embd), ``ffn_gate_exps`` / ``ffn_up_exps``
+    (n_expert, n_ff_exp, n_embd), ``ffn_down_exps`` (n_expert, n_embd, n_ff_exp),
+    ``ffn_gate_inp_shexp`` (n_embd), ``ffn_gate_shexp`` / ``ffn_up_shexp`` (n_ff_shexp, n_embd),
+    ``ffn_down_shexp`` (n_embd, n_ff_shexp); expert and shared-expert down projections get the
+    residual-branch gain like ``ffn_down``.
     """
-    s = shape
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    s, e = shape, experts
     out_gain = min(1.0, float(np.sqrt(4.0 / s.n_layer)))
 
     def mat(name, rows, cols, gain=1.0, f32=False):
@@ -145,6 +197,9 @@ def tensor_specs(shape: HybridShape, n_vocab: int, logit_std: float = 3.0) -> li
 
     def norm(name, n):
         return TensorSpec(name, (n,), "norm")
+
+    def exps(name, rows, cols, gain=1.0):
+        return TensorSpec(name, (e.n_expert, rows, cols), "mat", gain, float(np.sqrt(cols)))
 
     value_dim = s.d_state * s.n_v_heads
     specs = [TensorSpec("token_embd.weight", (n_vocab, s.n_embd), "mat", logit_std, float(np.sqrt(s.n_embd))),
@@ -163,13 +218,26 @@ def tensor_specs(shape: HybridShape, n_vocab: int, logit_std: float = 3.0) -> li
                       mat(p + "attn_gate.weight", value_dim, s.n_embd),
                       mat(p + "ssm_conv1d.weight", s.conv_dim, s.d_conv, f32=True),
                       TensorSpec(p + "ssm_dt.bias", (s.n_v_heads,), "mat", 0.3),
-                      TensorSpec(p + "ssm_a", (s.n_v_heads,), "a"),
-                      mat(p + "ssm_beta.weight", s.n_v_heads, s.n_embd),
-                      mat(p + "ssm_alpha.weight", s.n_v_heads, s.n_embd),
-                      norm(p + "ssm_norm.weight", s.d_state),
+                      TensorSpec(p + "ssm_a", (s.n_v_heads,), "a")]
+            if arch == "qwen3next":
+                specs += [mat(p + "ssm_ba.weight", 2 * s.n_v_heads, s.n_embd)]
+            else:
+                specs += [mat(p + "ssm_beta.weight", s.n_v_heads, s.n_embd),
+                          mat(p + "ssm_alpha.weight", s.n_v_heads, s.n_embd)]
+            specs += [norm(p + "ssm_norm.weight", s.d_state),
                       mat(p + "ssm_out.weight", s.n_embd, value_dim, out_gain)]
-        specs += [mat(p + "ffn_gate.weight", s.n_ff, s.n_embd), mat(p + "ffn_up.weight", s.n_ff, s.n_embd),
-                  mat(p + "ffn_down.weight", s.n_embd, s.n_ff, out_gain)]
+        if arch in MOE_ARCHS:
+            specs += [mat(p + "ffn_gate_inp.weight", e.n_expert, s.n_embd),
+                      exps(p + "ffn_gate_exps.weight", e.n_ff_exp, s.n_embd),
+                      exps(p + "ffn_up_exps.weight", e.n_ff_exp, s.n_embd),
+                      exps(p + "ffn_down_exps.weight", s.n_embd, e.n_ff_exp, out_gain),
+                      TensorSpec(p + "ffn_gate_inp_shexp.weight", (s.n_embd,), "mat", 1.0, float(np.sqrt(s.n_embd))),
+                      mat(p + "ffn_gate_shexp.weight", e.n_ff_shexp, s.n_embd),
+                      mat(p + "ffn_up_shexp.weight", e.n_ff_shexp, s.n_embd),
+                      mat(p + "ffn_down_shexp.weight", s.n_embd, e.n_ff_shexp, out_gain)]
+        else:
+            specs += [mat(p + "ffn_gate.weight", s.n_ff, s.n_embd), mat(p + "ffn_up.weight", s.n_ff, s.n_embd),
+                      mat(p + "ffn_down.weight", s.n_embd, s.n_ff, out_gain)]
     return specs
 
 
@@ -201,9 +269,10 @@ class _Streamed:
         assert n == self.nbytes, (n, self.nbytes)
 
 
-def _hparams_to(w: gguf.GGUFWriter, s: HybridShape, dtype: str) -> None:
-    """The ``qwen35.*`` keys (and name, file type) of ``s``."""
-    w.add_name(f"tfm-tiny-{ARCH}")
+def _hparams_to(w: gguf.GGUFWriter, s: HybridShape, dtype: str, arch: str = ARCH,
+                e: ExpertShape = ExpertShape()) -> None:
+    """The ``{arch}.*`` keys (and name, file type) of ``s`` (and ``e`` for the MoE archs)."""
+    w.add_name(f"tfm-tiny-{arch}")
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
     w.add_block_count(s.n_layer)
@@ -216,30 +285,49 @@ def _hparams_to(w: gguf.GGUFWriter, s: HybridShape, dtype: str) -> None:
     w.add_key_length(s.head_dim)
     w.add_value_length(s.head_dim)
     w.add_rope_dimension_count(s.n_rot)
-    w.add_array(f"{ARCH}.rope.dimension_sections", [s.n_rot // 4, s.n_rot // 8, s.n_rot // 8, 0])
-    w.add_uint32(f"{ARCH}.full_attention_interval", s.full_attn_interval)
-    w.add_uint32(f"{ARCH}.ssm.conv_kernel", s.d_conv)
-    w.add_uint32(f"{ARCH}.ssm.inner_size", s.d_state * s.n_v_heads)
-    w.add_uint32(f"{ARCH}.ssm.state_size", s.d_state)
-    w.add_uint32(f"{ARCH}.ssm.time_step_rank", s.n_v_heads)
-    w.add_uint32(f"{ARCH}.ssm.group_count", s.n_k_heads)
+    if arch != "qwen3next":  # IMRoPE (qwen3next: NeoX over n_rot dims, no sections)
+        w.add_array(f"{arch}.rope.dimension_sections", [s.n_rot // 4, s.n_rot // 8, s.n_rot // 8, 0])
+    w.add_uint32(f"{arch}.full_attention_interval", s.full_attn_interval)
+    w.add_uint32(f"{arch}.ssm.conv_kernel", s.d_conv)
+    w.add_uint32(f"{arch}.ssm.inner_size", s.d_state * s.n_v_heads)
+    w.add_uint32(f"{arch}.ssm.state_size", s.d_state)
+    w.add_uint32(f"{arch}.ssm.time_step_rank", s.n_v_heads)
+    w.add_uint32(f"{arch}.ssm.group_count", s.n_k_heads)
+    if arch in MOE_ARCHS:
+        w.add_expert_count(e.n_expert)
+        w.add_expert_used_count(e.n_expert_used)
+        w.add_expert_feed_forward_length(e.n_ff_exp)
+        w.add_expert_shared_feed_forward_length(e.n_ff_shexp)
 
 
-def file_bytes(shape: HybridShape, dtype: str = "f16") -> int:
+def file_bytes(shape: HybridShape, dtype: str = "f16", arch: str = ARCH,
+               experts: ExpertShape = ExpertShape()) -> int:
     """Approximate size of the file in bytes (tensor data; 1-D tensors are always F32)."""
     n_vocab = shape.n_vocab or TinyVocab().n_vocab
     item = np.dtype(DTYPES[dtype]).itemsize
-    return sum(t.size * (4 if t.f32 or len(t.shape) < 2 else item) for t in tensor_specs(shape, n_vocab))
+    specs = tensor_specs(shape, n_vocab, arch=arch, experts=experts)
+    return sum(t.size * (4 if t.f32 or len(t.shape) < 2 else item) for t in specs)
 
 
 def write_qwen35(path: str | Path, shape: HybridShape = HybridShape(), *, dtype: str = "f32", seed: int = 0,
                  chat_template: str = CHATML_TEMPLATE) -> Path:
-    """Write a random-weight qwen35 GGUF of ``shape`` that llama.cpp loads and runs.
+    """Write a random-weight qwen35 GGUF of ``shape`` that llama.cpp loads and runs
+    (``write_hybrid`` with ``arch="qwen35"``)."""
+    return write_hybrid(path, shape, arch="qwen35", dtype=dtype, seed=seed, chat_template=chat_template)
+
+
+def write_hybrid(path: str | Path, shape: HybridShape = HybridShape(), *, arch: str = ARCH,
+                 experts: ExpertShape = ExpertShape(), dtype: str = "f32", seed: int = 0,
+                 chat_template: str = CHATML_TEMPLATE) -> Path:
+    """Write a random-weight GGUF of ``arch`` ("qwen35", "qwen35moe" or "qwen3next") and ``shape``
+    that llama.cpp loads and runs.
 
     Args:
         path: output file (overwritten).
         shape: the dimensions (``HybridShape``; ``HybridShape.qwen36_27b(n_layer, n_vocab)`` for the
             Qwen3.6-27B per-layer shapes).
+        arch: the llama.cpp architecture (module docstring).
+        experts: the expert sizes of the MoE archs (qwen35 ignores them).
         dtype: "f32" or "f16" for the 2-D weights (1-D tensors and ``ssm_conv1d`` stay F32, as
             ggml's ssm_conv needs).
         seed: RNG seed; equal arguments give a byte-identical file.
@@ -249,19 +337,23 @@ def write_qwen35(path: str | Path, shape: HybridShape = HybridShape(), *, dtype:
         the path written, as a Path.
 
     Raises:
-        ValueError: unknown dtype or an inconsistent shape (``HybridShape.validate``).
+        ValueError: unknown arch or dtype, or an inconsistent shape (``HybridShape.validate``,
+            ``ExpertShape.validate``).
     """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     shape.validate()
+    experts.validate()
     path = Path(path)
     vocab = TinyVocab(n_vocab=shape.n_vocab)
     rng = np.random.default_rng(seed)
     draw = np.float64 if dtype == "f32" else np.float32
-    w = gguf.GGUFWriter(str(path), ARCH)
-    _hparams_to(w, shape, dtype)
+    w = gguf.GGUFWriter(str(path), arch)
+    _hparams_to(w, shape, dtype, arch, experts)
     vocab.write_to(w, chat_template)
-    for spec in tensor_specs(shape, vocab.n_vocab):
+    for spec in tensor_specs(shape, vocab.n_vocab, arch=arch, experts=experts):
         out = np.dtype(np.float32 if spec.f32 or len(spec.shape) < 2 else DTYPES[dtype])
         w.add_tensor_info(spec.name, spec.shape, out, spec.size * out.itemsize)
         # the writer writes ti.tensor.tofile(fout) in insertion order: generate then, in that order
