@@ -125,7 +125,8 @@ def test_bench_modes_table(bench_run):
     assert plines[0].split() == ["ms", "per", "step", "drafter", "tree", "verify", "accept", "other", "total"]
     split = {ln.split()[1]: [float(x) for x in ln.split()[2:]] for ln in plines[1:]}
     assert set(split) == set(rows) and split["plain"][:2] == [0.0, 0.0] and split["ddtree@4"][0] > 0
-    assert all(abs(sum(v[:5]) - v[5]) < 0.02 and v[2] > 0 for v in split.values())
+    # six values printed to 2 decimals: the sum of five rounded parts may miss the rounded total by 0.03
+    assert all(abs(sum(v[:5]) - v[5]) <= 0.0301 and v[2] > 0 for v in split.values()), split
 
 
 def test_bench_modes_json(bench_run):
