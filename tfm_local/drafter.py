@@ -86,7 +86,12 @@ class DFlashDrafter:
         target.set_features(self.layers)
         self.n_injected = 0
         self._pending: list[np.ndarray] = []  # deferred feature rows, from position n_injected on
-        self._topk: int | None = 0  # k of the attached backend top-k sampler (0: none; None: unsupported)
+        self._sampler = native.TopKAttachment(self.ctx)  # backend top-k over the block rows
+
+    @property
+    def _topk(self) -> int | None:
+        """k of the attached backend top-k sampler (0: none; None: the backend cannot run it)."""
+        return None if self._sampler.unsupported else self._sampler.k
 
     def _check_compat(self) -> None:
         m, t = self.model, self.target.model
@@ -169,21 +174,13 @@ class DFlashDrafter:
 
         Returns False when the backend cannot run it (remembered: the host path from then on).
         """
-        if self._topk is None:
-            return False
-        if self._topk < k:
+        if not self._sampler.unsupported and self._sampler.k < k:
             k = min(max(k, TOP_K), self.model.n_vocab)
-            if not native.topk_attach(self.ctx.ptr, k, self.block_size):
-                self._topk = None
-                return False
-            self._topk = k
-        return True
+        return self._sampler.ensure(k, self.block_size)
 
     def _detach_topk(self) -> None:
         """Detach the backend top-k sampler: the next block's full logits are copied to the host."""
-        if self._topk:
-            native.topk_attach(self.ctx.ptr, 0)
-            self._topk = 0
+        self._sampler.detach()
 
     def marginals(self, last_token: int, pos: int, n_draft: int) -> np.ndarray:
         """One pass over ``[last_token, MASK × n_draft]`` at ``pos ..``; logits ``[n_draft, n_vocab]``.

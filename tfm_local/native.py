@@ -141,6 +141,37 @@ def topk_attach(ctx, k: int, n_rows: int = 1) -> bool:
     return rc > 0
 
 
+class TopKAttachment:
+    """The backend top-k sampler of one context, attached on demand and kept while it is big enough.
+
+    ``k`` / ``n_rows``: the attached sampler's candidates and output-row limit (0 / 0: none attached);
+    ``unsupported``: the backend refused it once (remembered: callers use their host path from then on).
+    Shared by the drafter (top-K per block row) and the target (greedy top-1 per verified row).
+    """
+
+    def __init__(self, ctx):
+        self.ctx, self.k, self.n_rows, self.unsupported = ctx, 0, 0, False
+
+    def ensure(self, k: int, n_rows: int) -> bool:
+        """Attach with at least ``k`` candidates and ``n_rows`` rows, re-attaching (a scheduler reserve at
+        the next decode) only when the attached sampler is smaller. False when the backend cannot run it."""
+        if self.unsupported:
+            return False
+        if self.k < k or self.n_rows < n_rows:
+            k, n_rows = max(self.k, k), max(self.n_rows, n_rows)
+            if not topk_attach(self.ctx.ptr, k, n_rows):
+                self.unsupported, self.k, self.n_rows = True, 0, 0
+                return False
+            self.k, self.n_rows = k, n_rows
+        return True
+
+    def detach(self) -> None:
+        """Detach (a no-op when none is attached): raw logits are copied to the host again."""
+        if self.k:
+            topk_attach(self.ctx.ptr, 0)
+            self.k, self.n_rows = 0, 0
+
+
 def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k of the last batch's rows ``i0 .. i0+n-1``: ids int32 ``[n, k]`` and log-probs float32 ``[n, k]``,
     each row sorted by descending log-prob (ties by ascending id).

@@ -83,9 +83,7 @@ class Target:
         #: False for a recurrent (hybrid) target: ``commit`` can then only keep every verified token,
         #: and drafts must be verified with ``verify_tree`` / ``commit_tree``.
         self.can_truncate = self.model.arch not in RECURRENT_ARCHS
-        #: output rows per batch of the attached backend top-1 sampler (``attach_argmax``); 0 = none
-        #: attached (raw logits are copied to the host), None = the backend cannot run it.
-        self.argmax_rows: int | None = 0
+        self._sampler = native.TopKAttachment(self.ctx)  # backend top-1 for ``attach_argmax``
 
     # -- features ------------------------------------------------------------------------
     def set_features(self, layers: list[int]) -> None:
@@ -227,6 +225,12 @@ class Target:
         self._tree_row = row
 
     # -- backend argmax (greedy verification without logits on the host) ------------------
+    @property
+    def argmax_rows(self) -> int | None:
+        """Output rows per batch of the attached backend top-1 sampler (``attach_argmax``); 0 = none
+        attached (raw logits are copied to the host), None = the backend cannot run it."""
+        return None if self._sampler.unsupported else self._sampler.n_rows
+
     def attach_argmax(self, n_rows: int) -> bool:
         """Compute each output row's argmax in the ggml graph (``native.topk_attach`` with k = 1)
         for batches of up to ``n_rows`` output rows, so that ``*_argmax`` decodes copy one int per
@@ -243,20 +247,11 @@ class Target:
         """
         if not 1 <= n_rows <= self.n_batch:
             raise ValueError(f"argmax rows must be in 1..{self.n_batch} (the batch size), got {n_rows}")
-        if self.argmax_rows is None:
-            return False
-        if self.argmax_rows < n_rows:
-            if not native.topk_attach(self.ctx.ptr, 1, n_rows):
-                self.argmax_rows = None
-                return False
-            self.argmax_rows = n_rows
-        return True
+        return self._sampler.ensure(1, n_rows)
 
     def detach_argmax(self) -> None:
         """Detach the backend argmax (a no-op when none is attached): raw logits are copied again."""
-        if self.argmax_rows:
-            native.topk_attach(self.ctx.ptr, 0)
-            self.argmax_rows = 0
+        self._sampler.detach()
 
     def _check_argmax(self, n_rows: int) -> None:
         if not self.argmax_rows:
