@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -26,7 +25,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from .. import gdn_bench, native
-from .common import fail
+from .common import fail, gpu_name, int_list, positive_int
 
 BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
 METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream ggml_gated_delta_net / "
@@ -36,39 +35,19 @@ METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream 
           "compute + synchronize of a one-op graph with inputs already on the device")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"node counts must be >= 1, got {text!r}")
-    return out
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return v
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     d = gdn_bench.Dims()
     ap = argparse.ArgumentParser(prog="tfm-bench-gdn", description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="backend (default cpu)")
-    ap.add_argument("--nodes", type=_int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
+    ap.add_argument("--nodes", type=int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
     for name, default, what in (("heads-v", d.heads_v, "value heads H_v"), ("heads-k", d.heads_k, "q/k heads H_k"),
                                 ("head-dim", d.head_dim, "S_k = S_v"), ("conv-channels", d.conv_channels,
                                  "short-conv channels"), ("d-conv", d.d_conv, "conv kernel size"),
                                 ("layers", d.layers, "DeltaNet layers (for the model-step totals)")):
-        ap.add_argument(f"--{name}", type=_positive, default=default, help=f"{what} (default {default})")
-    ap.add_argument("--iters", type=_positive, default=20, help="timed iterations per op (default 20)")
+        ap.add_argument(f"--{name}", type=positive_int, default=default, help=f"{what} (default {default})")
+    ap.add_argument("--iters", type=positive_int, default=20, help="timed iterations per op (default 20)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per op (default 3)")
-    ap.add_argument("--threads", type=_positive, default=os.cpu_count() or 1, help="CPU backend threads")
+    ap.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="CPU backend threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="write the results here")
     a = ap.parse_args(argv)
@@ -77,15 +56,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.warmup < 0:
         ap.error("--warmup must be >= 0")
     return a
-
-
-def _gpu_name() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def _row(cells, widths) -> str:
@@ -148,7 +118,7 @@ def main(argv=None) -> None:
     if a.json:
         doc = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv),
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": a.device,
-               "device_name": _gpu_name() if a.device == "gpu" else platform.processor() or platform.machine(),
+               "device_name": gpu_name() if a.device == "gpu" else platform.processor() or platform.machine(),
                "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
                "method": METHOD, "bar": bar, "cases": cases}
         with open(a.json, "w") as f:

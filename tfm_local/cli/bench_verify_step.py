@@ -29,7 +29,7 @@ import numpy as np
 from .. import verify_step as vs
 from ..llm import gpu_available
 from ..synth_hybrid import HybridShape, file_bytes, write_qwen35
-from .bench_gdn import _gpu_name, _int_list, _positive
+from .common import gpu_name, int_list, positive_int
 
 METHOD = ("tree = Target.verify_tree over the N nodes (logits of all nodes to the host), commit = "
           "commit_tree of the deepest path; per-branch = each root-to-leaf path its own sequence (ids by "
@@ -42,18 +42,18 @@ METHOD = ("tree = Target.verify_tree over the N nodes (logits of all nodes to th
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="tfm-bench-verify", description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="an existing qwen35 GGUF (default: write one, see --layers/--vocab)")
-    ap.add_argument("--layers", type=_positive, default=4, help="layers of the written model (multiple of 4; "
+    ap.add_argument("--layers", type=positive_int, default=4, help="layers of the written model (multiple of 4; "
                     "default 4 = 3 DeltaNet + 1 attention)")
-    ap.add_argument("--vocab", type=_positive, default=248_320, help="vocabulary of the written model")
+    ap.add_argument("--vocab", type=positive_int, default=248_320, help="vocabulary of the written model")
     ap.add_argument("--tiny", action="store_true", help="write the tiny test shape instead (n_embd 64, S 16)")
     ap.add_argument("--dtype", choices=("f16", "f32"), default="f16", help="2-D weights of the written model")
     ap.add_argument("--keep-model", metavar="PATH", help="write the model here and keep it (default: a temp file)")
-    ap.add_argument("--ctx", type=_positive, default=512, help="prompt tokens prefilled (default 512)")
-    ap.add_argument("--nodes", type=_int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
+    ap.add_argument("--ctx", type=positive_int, default=512, help="prompt tokens prefilled (default 512)")
+    ap.add_argument("--nodes", type=int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
     ap.add_argument("--accept", type=float, default=0.5, help="chain: accepted fraction of the deepest path")
-    ap.add_argument("--iters", type=_positive, default=10, help="timed iterations (default 10)")
+    ap.add_argument("--iters", type=positive_int, default=10, help="timed iterations (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations (default 2)")
-    ap.add_argument("--threads", type=_positive, default=os.cpu_count() or 1, help="CPU threads")
+    ap.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="CPU threads")
     ap.add_argument("--modes", default="branch,chain", help="modes besides tree (default branch,chain)")
     ap.add_argument("--tol", type=float, help="check tolerance, relative to a row's largest |logit| "
                     f"(default {vs.REL_TOL['cpu']} on the CPU, {vs.REL_TOL['gpu']} on a GPU)")
@@ -161,7 +161,7 @@ def bench(a, path: Path) -> tuple[list[dict], dict]:
                 d["times"] = vs.time_case(c, modes, a.warmup, a.iters)
             out.append(d)
         m = tm.target.model
-        meta = {"device": device, "device_name": _gpu_name() if device == "gpu" else
+        meta = {"device": device, "device_name": gpu_name() if device == "gpu" else
                 platform.processor() or platform.machine(), "modes": ["tree"] + a.modes,
                 "model": {"path": str(path), "arch": m.arch, "n_layer": m.n_layer, "n_embd": m.n_embd,
                           "n_vocab": m.n_vocab, "bytes": path.stat().st_size}}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
 
@@ -25,6 +26,27 @@ def _int_at_least(text: str, lo: int, expected: str, name: str = "value") -> int
 def positive_int(text: str) -> int:
     """An integer >= 1 (argparse type)."""
     return _int_at_least(text, 1, "an integer >= 1")
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 1, e.g. tree sizes ``16,32,64`` (argparse type)."""
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"node counts must be >= 1, got {text!r}")
+    return out
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name from ``nvidia-smi`` (None when there is none or it fails)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def budget_arg(text: str) -> int | str:
