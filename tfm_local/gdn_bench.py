@@ -172,7 +172,8 @@ def check_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int) -> 
     return {"errors": err, "bounds": bounds, "correct": bool(correct)}
 
 
-def _stats(ms: np.ndarray) -> dict[str, float]:
+def time_stats(ms) -> dict[str, float]:
+    """``median_ms`` and ``min_ms`` of per-iteration times in ms (a sequence or array, non-empty)."""
     return {"median_ms": float(np.median(ms)), "min_ms": float(np.min(ms))}
 
 
@@ -192,8 +193,8 @@ def time_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int, n_wa
 
     paths, d = leaf_paths(tree), dims.d_conv
     parent = tree.parents.astype(np.int32)
-    res = {"gdn": {"tree": _stats(bench("gdn_tree", gdn_srcs(x, parent)))},
-           "conv": {"tree": _stats(bench("conv_tree", [x["sx"], x["c"], parent.reshape(1, -1)]))}}
+    res = {"gdn": {"tree": time_stats(bench("gdn_tree", gdn_srcs(x, parent)))},
+           "conv": {"tree": time_stats(bench("conv_tree", [x["sx"], x["c"], parent.reshape(1, -1)]))}}
     gdn_ms, conv_ms = [], []
     for length, ps in groups_by_length(paths).items():
         bi = branch_inputs(x, ps, length, d)
@@ -201,12 +202,12 @@ def time_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int, n_wa
         conv_ms.append(bench("conv", [bi["sx"], bi["c"]]))
     res["gdn"]["branch"], res["conv"]["branch"] = _summed(gdn_ms), _summed(conv_ms)
     bi = branch_inputs(x, paths, max(map(len, paths)), d)
-    res["gdn"]["padded"] = _stats(bench("gdn", gdn_srcs(bi)))
-    res["conv"]["padded"] = _stats(bench("conv", [bi["sx"], bi["c"]]))
+    res["gdn"]["padded"] = time_stats(bench("gdn", gdn_srcs(bi)))
+    res["conv"]["padded"] = time_stats(bench("conv", [bi["sx"], bi["c"]]))
     _, u, gamma, kc = _gdn_tree(x, parent, device=device, n_threads=n_threads)
     path = np.array([max(paths, key=len)], np.int32)
-    res["commit"] = {"gdn": _stats(bench("gdn_commit", [x["state"], kc, u, gamma, path])),
-                     "conv": _stats(bench("conv_commit", [x["sx"], path], d))}
+    res["commit"] = {"gdn": time_stats(bench("gdn_commit", [x["state"], kc, u, gamma, path])),
+                     "conv": time_stats(bench("conv_commit", [x["sx"], path], d))}
     return res
 
 

@@ -264,10 +264,6 @@ def check_case(case: Case, modes: dict, rel: float) -> dict:
     return {"errors": err, "ok": ok, "correct": all(ok.values())}
 
 
-def _stats(ms: list[float]) -> dict[str, float]:
-    return {"median_ms": float(np.median(ms)), "min_ms": float(np.min(ms))}
-
-
 def time_case(case: Case, modes: dict, n_warmup: int, n_iter: int) -> dict:
     """Median and min ms over ``n_iter`` (after ``n_warmup``) of: tree verify, tree commit, per-branch
     (forks + decode), chain verify, chain rollback (modes present only)."""
@@ -289,4 +285,4 @@ def time_case(case: Case, modes: dict, n_warmup: int, n_iter: int) -> dict:
                 t["chain_rollback"].append(r)
     if "branch" in modes:
         modes["branch"].clear_branches()
-    return {k: _stats(v) for k, v in t.items() if v}
+    return {k: gdn_bench.time_stats(v) for k, v in t.items() if v}
