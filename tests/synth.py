@@ -240,13 +240,16 @@ def write_tiny_hybrid(path: str | Path, *, arch: str = "qwen35", n_layer: int = 
                       n_head: int = 4, n_head_kv: int = 2, head_dim: int = 16, n_rot: int = 8, n_ff: int = 128,
                       n_ctx_train: int = 2048, full_attn_interval: int = 2, d_state: int = 16,
                       n_k_heads: int = 2, n_v_heads: int = 4, d_conv: int = 4, n_expert: int = 4,
-                      n_expert_used: int = 2, n_ff_exp: int = 32, n_ff_shexp: int = 64, seed: int = 0,
+                      n_expert_used: int = 4, n_ff_exp: int = 32, n_ff_shexp: int = 64, seed: int = 0,
                       n_vocab: int | None = None, chat_template: str = CHATML_TEMPLATE) -> Path:
     """Write a random-weight Gated DeltaNet hybrid GGUF of ``arch`` ("qwen35", "qwen35moe" or
     "qwen3next"), F32, tied embeddings: the keyword arguments of ``HybridShape`` and ``ExpertShape`` written by
     ``tfm_local.synth_hybrid.write_hybrid``. The defaults are the tiny test models: layers 0, 2
     DeltaNet, 1, 3 attention, S = 16, H_k = 2, H_v = 4; for the MoE archs 4 experts of width 32,
-    2 used per token, and a shared expert of width 64 (qwen35 ignores the expert sizes).
+    all 4 used per token, and a shared expert of width 64 (qwen35 ignores the expert sizes). All
+    experts are used so that the router's top-k selection, a discontinuous function, cannot flip
+    between two numerically different computations (tree batch vs path decoding) on a near-tie of
+    router logits: seen on CUDA with 2 of 4 (logit gaps of 0.1-1.0 at one node out of hundreds).
 
     Returns the path written; raises ValueError for an unknown arch or an inconsistent shape.
     """

@@ -11,7 +11,7 @@ import gguf
 from tfm_local import synth_hybrid as sh
 from tfm_local import verify_step as vs
 from tfm_local.cli import bench_verify_step
-from tfm_local.llm import Context, Model
+from tfm_local.llm import Context, Model, gpu_available
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -94,7 +94,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     bench_verify_step.main(["--tiny", "--dtype", "f32", "--vocab", "384", "--ctx", "40", "--nodes", "8,24",
                             "--iters", "2", "--warmup", "1", "--threads", "2", "--json", str(out)])
     doc = json.loads(out.read_text())
-    assert doc["device"] == "cpu" and doc["vocab"] == 384 and doc["layers"] == 4
+    assert doc["device"] == ("gpu" if gpu_available() else "cpu") and doc["vocab"] == 384 and doc["layers"] == 4
     assert doc["modes"] == ["tree", "branch", "chain"]
     assert [c["nodes"] for c in doc["cases"]] == [8, 24]
     for c in doc["cases"]:

@@ -16,7 +16,7 @@ from tfm_local.target import Target
 
 from synth import write_tiny_target
 from test_engine import PROMPTS, run_ids, run_with_drafter
-from test_tree_verify import TreeOracle, random_tree
+from test_tree_verify import TreeOracle, assert_greedy_same_or_near_tie, random_tree
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen35"])
@@ -95,16 +95,23 @@ def outputs(target, drafter, argmax, tree, budget, oracle_p=None):
         return res
 
 
+def same_as_plain(target, got, plain):
+    """Every prompt's output equals plain's (on a GPU build: or parts at a near-tie of plain's logits)."""
+    with Engine(target, None, n_ctx=512) as e:
+        ids = [e.prompt_tokens(prompt) for prompt in PROMPTS]
+    for prompt_ids, out, ref in zip(ids, got, plain):
+        assert_greedy_same_or_near_tie(target, prompt_ids, out, ref)
+
+
 def test_engine_backend_argmax_equals_host_and_plain(pair):
     target, drafter = pair
     plain = outputs(target, None, "host", "chain", 0)
-    assert outputs(target, None, "backend", "chain", 0) == plain
+    same_as_plain(target, outputs(target, None, "backend", "chain", 0), plain)
     for tree, budget in (("chain", None), ("ddtree", 16), ("chain", "auto")):
         for p in (None, 0.3):
             oracle = None if p is None else (p, plain)
-            backend = outputs(target, drafter, "backend", tree, budget, oracle)
-            assert backend == plain, (tree, budget, p)
-            assert outputs(target, drafter, "host", tree, budget, oracle) == plain, (tree, budget, p)
+            same_as_plain(target, outputs(target, drafter, "backend", tree, budget, oracle), plain)
+            same_as_plain(target, outputs(target, drafter, "host", tree, budget, oracle), plain)
 
 
 def test_sampling_ignores_the_backend_argmax(pair):
