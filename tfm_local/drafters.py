@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .paths import cache_dir
+from .train.atomic import sha256_file
 
 RANDOM_LAYERS = 1
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -38,11 +39,16 @@ def _target_key(target: Path) -> str:
 
 
 def shipped_drafter_for(target: Path) -> Path | None:
-    """The shipped trained drafter of ``target`` with the target's vocabulary attached, or None."""
+    """The shipped trained drafter of ``target`` with the target's vocabulary attached, or None.
+
+    The cached file is named after the asset's content (first 12 hex digits of its sha256), so a
+    newer asset shipped under the same name is attached afresh instead of reusing a stale cache.
+    """
     name = SHIPPED.get(_target_key(target))
     if name is None:
         return None
-    out = cache_dir() / "drafters" / name.replace(".novocab", "")
+    digest = sha256_file(ASSETS / name)[:12]
+    out = cache_dir() / "drafters" / name.replace(".novocab.gguf", f"-{digest}.gguf")
     if not out.exists():
         from tfm_convert.vocab import attach_vocab
 
