@@ -267,10 +267,29 @@ struct topk_config {
 // One row's graph: ids = top-k of the logits x, and their log-probs x_i - lse with
 // lse = x_a - log p_a at the most likely candidate a (p = softmax over the full row).
 // Taking lse there keeps log-probs exact for candidates whose p underflows float32.
+// k = 1 (the target's greedy top-1): an argmax instead of a top-k, whose CUDA build without
+// CCCL >= 3.2 sorts the whole row (ggml-cuda/top-k.cu), and log p of it from the same softmax.
+void top1_build(ggml_context * ctx, ggml_tensor * x, llama_sampler_data * data) {
+    const int64_t n   = x->ne[0];
+    ggml_tensor * ids = ggml_argmax(ctx, ggml_reshape_2d(ctx, x, n, 1));                          // [1]
+    ggml_tensor * pa  = ggml_get_rows(ctx, ggml_reshape_2d(ctx, ggml_soft_max(ctx, x), 1, n), ids); // [1, 1]
+    ggml_set_name(ids, "tfm_topk_ids");
+
+    data->logits = ggml_log(ctx, pa);
+    ggml_set_name(data->logits, "tfm_topk_logp");
+    data->candidates = data->candidates
+        ? ggml_get_rows(ctx, ggml_reshape_2d(ctx, data->candidates, 1, n), ids)
+        : ids;
+}
+
 void topk_build(ggml_context * ctx, const topk_config & cfg, llama_sampler_data * data) {
     ggml_tensor * x = ggml_reshape_1d(ctx, data->logits, ggml_nelements(data->logits));
     const int64_t n = x->ne[0];
     const int     k = (int) std::min<int64_t>(cfg.k, n);
+    if (k == 1) {
+        top1_build(ctx, x, data);
+        return;
+    }
 
     ggml_tensor * ids = ggml_top_k(ctx, x, k);                                   // [k] unordered
     ggml_tensor * p   = ggml_soft_max(ctx, x);                                   // [n]
