@@ -241,8 +241,9 @@ class Target:
         sampler (remembered; use the logits methods). Raises ValueError for ``n_rows`` outside
         1..n_batch.
 
-        Exactly tied logits: the CPU backend's top-1 returns the lowest id, as np.argmax does;
-        CUDA's top-k does not promise an order among them. The engine uses one rule for plain and
+        The graph takes an argmax (``ggml_argmax``) and the log-probability of that id per row.
+        Exactly tied logits: the CPU backend's argmax returns the lowest id, as np.argmax does;
+        CUDA's does not promise an order among them. The engine uses one rule for plain and
         speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).
         """
         if not 1 <= n_rows <= self.n_batch:
