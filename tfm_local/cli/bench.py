@@ -18,13 +18,11 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from typing import NamedTuple
 
-from .common import add_engine_args, engine_from_args, fail
+from .common import add_engine_args, engine_from_args, fail, run_record
 
 SHAPES = ("chain", "ddtree", "wide")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
@@ -318,9 +316,7 @@ def machine_info(args, engine) -> dict:
 
 def write_json(args, table, runs, engine, argv=None) -> None:
     """Write the bench JSON atomically: command, date, machine, models, summary rows and per-prompt runs."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    doc = dict(command=shlex.join(sys.argv), argv=argv, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               machine=machine_info(args, engine),
+    doc = dict(**run_record(argv), machine=machine_info(args, engine),
                target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
                else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
                summary=table, runs=runs, written=time.time())

@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import sys
 from dataclasses import asdict
-from datetime import datetime, timezone
 
 import numpy as np
 
 from .. import gdn_bench, native
-from .common import fail, gpu_name, int_list, positive_int
+from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record
 
 BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
 METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream ggml_gated_delta_net / "
@@ -45,16 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  "short-conv channels"), ("d-conv", d.d_conv, "conv kernel size"),
                                 ("layers", d.layers, "DeltaNet layers (for the model-step totals)")):
         ap.add_argument(f"--{name}", type=positive_int, default=default, help=f"{what} (default {default})")
-    ap.add_argument("--iters", type=positive_int, default=20, help="timed iterations per op (default 20)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per op (default 3)")
-    ap.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="CPU backend threads")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the results here")
+    add_timing_args(ap, iters=20, warmup=3, threads=os.cpu_count() or 1)
     a = ap.parse_args(argv)
     if a.heads_v % a.heads_k:
         ap.error(f"--heads-v ({a.heads_v}) must be a multiple of --heads-k ({a.heads_k})")
-    if a.warmup < 0:
-        ap.error("--warmup must be >= 0")
     return a
 
 
@@ -116,9 +107,7 @@ def main(argv=None) -> None:
         print(f"\nbar: gdn speedup at {BAR_NODES} nodes {bar['speedup']:.2f}x (required >= {BAR_SPEEDUP}x): "
               f"{'met' if bar['met'] else 'NOT met'}")
     if a.json:
-        doc = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv),
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": a.device,
-               "device_name": gpu_name() if a.device == "gpu" else platform.processor() or platform.machine(),
+        doc = {**run_record(argv), "device": a.device, "device_name": device_name(a.device),
                "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
                "method": METHOD, "bar": bar, "cases": cases}
         with open(a.json, "w") as f:

@@ -15,13 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import sys
 import tempfile
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,7 @@ import numpy as np
 from .. import verify_step as vs
 from ..llm import gpu_available
 from ..synth_hybrid import HybridShape, file_bytes, write_qwen35
-from .common import gpu_name, int_list, positive_int
+from .common import add_timing_args, device_name, int_list, positive_int, run_record
 
 METHOD = ("tree = Target.verify_tree over the N nodes (logits of all nodes to the host), commit = "
           "commit_tree of the deepest path; per-branch = each root-to-leaf path its own sequence (ids by "
@@ -51,14 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=positive_int, default=512, help="prompt tokens prefilled (default 512)")
     ap.add_argument("--nodes", type=int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
     ap.add_argument("--accept", type=float, default=0.5, help="chain: accepted fraction of the deepest path")
-    ap.add_argument("--iters", type=positive_int, default=10, help="timed iterations (default 10)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed iterations (default 2)")
-    ap.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="CPU threads")
+    add_timing_args(ap, iters=10, warmup=2, threads=os.cpu_count() or 1)
     ap.add_argument("--modes", default="branch,chain", help="modes besides tree (default branch,chain)")
     ap.add_argument("--tol", type=float, help="check tolerance, relative to a row's largest |logit| "
                     f"(default {vs.REL_TOL['cpu']} on the CPU, {vs.REL_TOL['gpu']} on a GPU)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the results here")
     a = ap.parse_args(argv)
     if a.layers % 4 and not a.tiny:
         ap.error("--layers must be a multiple of 4 (3 DeltaNet + 1 attention per group)")
@@ -121,8 +114,7 @@ def main(argv=None) -> None:
     print(f"device {device}, model {meta['model']}, ctx {a.ctx}\nmethod: {METHOD}")
     print_table(cases)
     if a.json:
-        doc = {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv),
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **meta,
+        doc = {**run_record(argv), **meta,
                "dims": asdict(shape) if shape else None, "layers": meta["model"]["n_layer"],
                "vocab": meta["model"]["n_vocab"], "dtype": a.dtype if shape else None, "write_s": write_s,
                "ctx": a.ctx, "threads": a.threads, "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
@@ -161,8 +153,7 @@ def bench(a, path: Path) -> tuple[list[dict], dict]:
                 d["times"] = vs.time_case(c, modes, a.warmup, a.iters)
             out.append(d)
         m = tm.target.model
-        meta = {"device": device, "device_name": gpu_name() if device == "gpu" else
-                platform.processor() or platform.machine(), "modes": ["tree"] + a.modes,
+        meta = {"device": device, "device_name": device_name(device), "modes": ["tree"] + a.modes,
                 "model": {"path": str(path), "arch": m.arch, "n_layer": m.n_layer, "n_embd": m.n_embd,
                           "n_vocab": m.n_vocab, "bytes": path.stat().st_size}}
         return out, meta

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import platform
+import shlex
 import subprocess
 import sys
+from datetime import datetime, timezone
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -28,6 +31,11 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "an integer >= 1")
 
 
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0 (argparse type)."""
+    return _int_at_least(text, 0, "an integer >= 0")
+
+
 def int_list(text: str) -> list[int]:
     """Comma-separated integers >= 1, e.g. tree sizes ``16,32,64`` (argparse type)."""
     try:
@@ -47,6 +55,29 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def device_name(device: str) -> str | None:
+    """The name of a benchmark's device: ``gpu_name()`` for "gpu", else the CPU's (``platform``)."""
+    return gpu_name() if device == "gpu" else platform.processor() or platform.machine()
+
+
+def add_timing_args(ap: argparse.ArgumentParser, *, iters: int, warmup: int, threads: int | None) -> None:
+    """--iters, --warmup (defaults given), --threads (default ``threads``; None = all cores), --seed, --json:
+    the options of the op and pass benchmarks."""
+    ap.add_argument("--iters", type=positive_int, default=iters, help=f"timed iterations (default {iters})")
+    ap.add_argument("--warmup", type=nonnegative_int, default=warmup, help=f"untimed iterations (default {warmup})")
+    ap.add_argument("--threads", type=positive_int, default=threads,
+                    help=f"CPU threads (default {threads or 'all cores'})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH", help="write the results here")
+
+
+def run_record(argv) -> dict:
+    """The head of a result JSON: the command line as run, ``argv`` (main's, None = ``sys.argv[1:]``) and the
+    date (UTC, ISO 8601 to the second)."""
+    return {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def budget_arg(text: str) -> int | str:

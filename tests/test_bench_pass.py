@@ -1,0 +1,79 @@
+"""tfm-bench-pass (tfm_local/pass_bench.py, tfm_local/cli/bench_pass.py) on a tiny synthetic target."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tfm_local import pass_bench as pb
+from tfm_local.cli import bench_pass
+from tfm_local.llm import gpu_available
+from tfm_local.target import Target
+
+from synth import write_tiny_qwen35, write_tiny_target
+
+N_PROMPT = 40
+
+
+@pytest.fixture(scope="module")
+def target_path(tmp_path_factory):
+    return write_tiny_target(tmp_path_factory.mktemp("pass") / "t.gguf", n_layer=3, seed=3)
+
+
+def test_cli_end_to_end(target_path, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    bench_pass.main(["--target", str(target_path), "--ctx", str(N_PROMPT), "--tokens", "1,4", "--iters", "2",
+                     "--warmup", "1", "--threads", "2", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert {"command", "argv", "date", "device", "device_name", "target", "ctx", "threads", "iters", "warmup",
+            "feature_layers", "skipped", "cases"} <= set(doc)
+    assert doc["device"] == ("gpu" if gpu_available() else "cpu")
+    assert doc["target"]["bytes"] == target_path.stat().st_size and doc["target"]["n_layer"] == 3
+    assert (doc["ctx"], doc["threads"], doc["iters"], doc["warmup"]) == (N_PROMPT, 2, 2, 1)
+    assert doc["feature_layers"] == [1, 2]  # spread over a 3-layer target, as a DFlash drafter's
+    ran = [v for v in pb.VARIANTS if v not in doc["skipped"]]
+    assert set(ran) >= {"logits", "logits+argmax_host", "features", "last_row"}
+    assert [(c["tokens"], c["variant"]) for c in doc["cases"]] == [(n, v) for n in (1, 4) for v in ran]
+    for c in doc["cases"]:
+        assert c["median_ms"] > 0 and c["min_ms"] > 0 and c["min_ms"] <= c["median_ms"]
+        assert c["ms_per_token"] == pytest.approx(c["median_ms"] / c["tokens"])
+        assert c["remove"]["median_ms"] > 0
+        assert ("submit" in c) == (c["variant"] == "last_row")
+    table = capsys.readouterr().out
+    assert "logits+argmax_host" in table and "median" in table
+
+
+def test_cache_is_left_as_after_the_prompt(target_path):
+    """After every variant's passes the next token's logits equal those of a fresh prefilled context;
+    a pass left in the cache is caught (check_cache) and changes them."""
+    rng = np.random.default_rng(1)
+    prompt = [int(x) for x in rng.integers(0, 320, N_PROMPT)]
+    t = Target(target_path, n_ctx=128, n_batch=64, n_threads=2)
+    fresh = Target(target_path, n_ctx=128, n_batch=64, n_threads=2)
+    try:
+        bench = pb.PassBench(t, prompt, [1, 2])
+        cases, skipped = pb.run(bench, [3], list(pb.VARIANTS), 0, 1, rng)
+        assert len(cases) + len(skipped) == len(pb.VARIANTS)
+        assert t.n_past == N_PROMPT and t.ctx.pos_max() == N_PROMPT - 1
+        fresh.prefill(prompt)
+        want = fresh.verify([7]).copy()
+        got = t.verify([7]).copy()
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        t.commit(1)  # leave the token in the cache, as a pass that was not removed
+        with pytest.raises(RuntimeError, match="not removed"):
+            bench.check_cache()
+        leaked = t.verify([7]).copy()
+        assert np.abs(leaked - want).max() > 1e-2 * np.abs(want).max()
+    finally:
+        t.close()
+        fresh.close()
+
+
+def test_recurrent_target_is_refused(tmp_path):
+    t = Target(write_tiny_qwen35(tmp_path / "h.gguf"), n_ctx=64, n_threads=2)
+    try:
+        with pytest.raises(ValueError, match="cannot drop"):
+            pb.PassBench(t, [1, 2, 3], [])
+    finally:
+        t.close()

@@ -1,0 +1,117 @@
+"""tfm-bench-pass: where one target verification pass of n tokens spends its time.
+
+Loads the target (``--target``: a path, ``hf://owner/repo/file.gguf`` or a built-in name), prefills
+``--ctx`` random token ids, then for each pass size (``--tokens``) times ``--iters`` passes of n tokens
+appended after the prompt and removed again, in the variants of tfm_local/pass_bench.py: all rows'
+logits to the host (today's chain verify), the backend argmax, logits + host argmax, logits with the
+drafter's layer-input features captured and read, and the last row only (with the decode call's
+return time apart from the wait for the backend). Prints a table of median and min ms per pass and
+writes JSON (``--json``).
+
+    tfm-bench-pass --tokens 1,2,4,8,16,32,64,128 --json pass-h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .. import pass_bench as pb
+from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tfm-bench-pass", description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=None, help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in "
+                    "name (default qwen2.5-coder-1.5b-instruct)")
+    ap.add_argument("--ctx", type=positive_int, default=512, help="prompt tokens prefilled (default 512)")
+    ap.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128],
+                    help="pass sizes n (default 1,2,4,8,16,32,64,128)")
+    ap.add_argument("--variants", default=",".join(pb.VARIANTS), help=f"what each pass reads back (default {','.join(pb.VARIANTS)}; see tfm_local/pass_bench.py)")
+    ap.add_argument("--feature-layers", type=int_list, default=None, help="layer inputs captured by the features "
+                    "variant (default: the 5 a DFlash drafter for this target reads)")
+    add_timing_args(ap, iters=20, warmup=3, threads=None)
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
+    a = ap.parse_args(argv)
+    a.variants = [v for v in a.variants.split(",") if v]
+    bad = set(a.variants) - set(pb.VARIANTS)
+    if bad or not a.variants:
+        ap.error(f"--variants takes some of {','.join(pb.VARIANTS)}, got {sorted(bad) or 'none'}")
+    return a
+
+
+def print_table(cases: list[dict], skipped: dict) -> None:
+    """One row per (n, variant): median and min ms per pass, ms per token, the median over the same
+    variant's smallest n, the remove time and (last_row) the submit time."""
+    first = {}
+    for c in cases:
+        first.setdefault(c["variant"], c)
+    w = max(len("variant"), *(len(c["variant"]) for c in cases)) if cases else len("variant")
+    print(f"{'n':>4}  {'variant':<{w}}  {'median':>8}  {'min':>8}  {'ms/tok':>8}  {'x n0':>6}  {'remove':>7}"
+          f"  {'submit':>8}")
+    for c in cases:
+        base = first[c["variant"]]
+        sub = f"{c['submit']['median_ms']:.3f}" if "submit" in c else "-"
+        print(f"{c['tokens']:>4}  {c['variant']:<{w}}  {c['median_ms']:>8.3f}  {c['min_ms']:>8.3f}  "
+              f"{c['ms_per_token']:>8.3f}  {c['median_ms'] / base['median_ms']:>5.2f}x  "
+              f"{c['remove']['median_ms']:>7.3f}  {sub:>8}")
+    print("ms per pass; x n0 = median / the same variant's median at the smallest n; remove = dropping the "
+          "pass from the cache; submit = until the decode call returned (last_row)")
+    for v, why in skipped.items():
+        print(f"{v}: skipped: {why}")
+
+
+def load_target(a):
+    """Resolve ``--target`` and load it with room for the prompt and the largest pass: (path, Target).
+    Exits with a message (status 2) when the model cannot be found or loaded."""
+    from ..llm import LlamaError
+    from ..models import DEFAULT_TARGET, ModelError, resolve_model
+    from ..target import Target
+
+    try:
+        path = resolve_model(a.target or DEFAULT_TARGET)
+        n_max = max(a.tokens)
+        return path, Target(path, n_ctx=max(a.ctx + n_max + 64, 256), n_batch=max(512, n_max),
+                            n_threads=a.threads, n_gpu_layers=0 if a.cpu else -1)
+    except (ModelError, OSError, ValueError, LlamaError) as e:
+        fail(str(e))
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    from ..llm import default_threads, gpu_available
+
+    path, target = load_target(a)
+    rng = np.random.default_rng(a.seed)
+    m = target.model
+    try:
+        if a.feature_layers and max(a.feature_layers) >= m.n_layer:
+            fail(f"--feature-layers {a.feature_layers} out of range for a {m.n_layer}-layer target")
+        layers = a.feature_layers or (pb.dflash_feature_layers(m.n_layer) if m.n_layer >= 2 else [])
+        bench = pb.PassBench(target, [int(x) for x in rng.integers(0, m.n_vocab, a.ctx)], layers)
+        cases, skipped = pb.run(bench, a.tokens, a.variants, a.warmup, a.iters, rng,
+                                log=lambda s: print(s, file=sys.stderr, flush=True))
+    except ValueError as e:
+        fail(str(e))
+    finally:
+        target.close()
+    device = "gpu" if gpu_available() and not a.cpu else "cpu"
+    threads = a.threads or default_threads()
+    print(f"device {device}, target {path.name} ({path.stat().st_size / 1e9:.2f} GB), ctx {a.ctx}, "
+          f"threads {threads}\nmethod: {pb.METHOD}")
+    print_table(cases, skipped)
+    if a.json:
+        doc = {**run_record(argv), "device": device, "device_name": device_name(device),
+               "target": {"path": str(path), "bytes": path.stat().st_size, "arch": m.arch, "n_layer": m.n_layer,
+                          "n_embd": m.n_embd, "n_vocab": m.n_vocab},
+               "ctx": a.ctx, "threads": threads, "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
+               "tokens": a.tokens, "variants": a.variants, "feature_layers": layers, "method": pb.METHOD,
+               "skipped": skipped, "cases": cases}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
