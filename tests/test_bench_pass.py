@@ -77,3 +77,37 @@ def test_recurrent_target_is_refused(tmp_path):
             pb.PassBench(t, [1, 2, 3], [])
     finally:
         t.close()
+
+
+def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_path):
+    """--drafter times every drafter variant; DraftBench leaves the drafter's cache at the prompt, so a
+    draft after the benchmark equals a draft on a fresh drafter given the same prompt features."""
+    from tfm_convert.pipeline import init_random
+    from tfm_local import draft_bench as db
+    from tfm_local.drafter import DFlashDrafter
+
+    dpath, _ = init_random(target_path, tmp_path / "d.gguf", layers=1, seed=5)
+    out = tmp_path / "r.json"
+    bench_pass.main(["--target", str(target_path), "--drafter", str(dpath), "--ctx", str(N_PROMPT),
+                     "--tokens", "1", "--variants", "logits", "--iters", "2", "--warmup", "1", "--threads", "2",
+                     "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert [c["variant"] for c in doc["drafter_cases"]] == list(db.DRAFT_VARIANTS)
+    assert all(0 < c["min_ms"] <= c["median_ms"] for c in doc["drafter_cases"])
+
+    prompt = list(range(3, 3 + N_PROMPT))
+    t = Target(target_path, n_ctx=128, n_batch=64, n_threads=2)
+    fresh, used = DFlashDrafter(dpath, t, n_threads=2), DFlashDrafter(dpath, t, n_threads=2)
+    try:
+        t.prefill(prompt, lambda s, n: [d.inject(t.features(slice(0, n), n), s) for d in (fresh, used)])
+        bench = db.DraftBench(used, len(used.layers) * t.model.n_embd, np.random.default_rng(0))
+        db.run_drafter(bench, list(db.DRAFT_VARIANTS), 1, 1)
+        assert used.n_injected == fresh.n_injected == N_PROMPT
+        want = fresh.top_k(prompt[-1], N_PROMPT, 6, 4)
+        got = used.top_k(prompt[-1], N_PROMPT, 6, 4)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+    finally:
+        fresh.close()
+        used.close()
+        t.close()

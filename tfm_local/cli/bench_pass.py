@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from .. import draft_bench as db
 from .. import pass_bench as pb
 from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record
 
@@ -34,6 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "variant (default: the 5 a DFlash drafter for this target reads)")
     add_timing_args(ap, iters=20, warmup=3, threads=None)
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
+    ap.add_argument("--drafter", default=None, help="also time this DFlash drafter's passes (inject, block "
+                    "top-k, block logits, a step; tfm_local/draft_bench.py): a path or 'auto' (the default drafter)")
     a = ap.parse_args(argv)
     a.variants = [v for v in a.variants.split(",") if v]
     bad = set(a.variants) - set(pb.VARIANTS)
@@ -79,6 +82,28 @@ def load_target(a):
         fail(str(e))
 
 
+def time_drafter(a, target_path, target, rng) -> list[dict]:
+    """Load ``--drafter`` on ``target`` (its prompt re-prefilled with the drafter's features injected)
+    and time every drafter variant. Exits with a message (status 2) when the drafter cannot be loaded."""
+    from ..drafter import DFlashDrafter, DrafterMismatchError
+    from ..drafters import resolve_drafter
+    from ..llm import LlamaError
+
+    try:
+        d = DFlashDrafter(resolve_drafter(a.drafter, target_path), target, n_threads=a.threads,
+                          n_gpu_layers=0 if a.cpu else -1)
+    except (DrafterMismatchError, LlamaError, OSError, ValueError) as e:
+        fail(f"drafter: {e}")
+    try:
+        prompt = [int(x) for x in rng.integers(0, target.model.n_vocab, a.ctx)]
+        target.reset()
+        target.prefill(prompt, lambda s, n: d.inject(target.features(slice(0, n), n), s))
+        bench = db.DraftBench(d, len(d.layers) * target.model.n_embd, rng)
+        return db.run_drafter(bench, list(db.DRAFT_VARIANTS), a.warmup, a.iters)
+    finally:
+        d.close()
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     from ..llm import default_threads, gpu_available
@@ -93,6 +118,7 @@ def main(argv=None) -> None:
         bench = pb.PassBench(target, [int(x) for x in rng.integers(0, m.n_vocab, a.ctx)], layers)
         cases, skipped = pb.run(bench, a.tokens, a.variants, a.warmup, a.iters, rng,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
+        draft_cases = time_drafter(a, path, target, rng) if a.drafter else []
     except ValueError as e:
         fail(str(e))
     finally:
@@ -102,13 +128,16 @@ def main(argv=None) -> None:
     print(f"device {device}, target {path.name} ({path.stat().st_size / 1e9:.2f} GB), ctx {a.ctx}, "
           f"threads {threads}\nmethod: {pb.METHOD}")
     print_table(cases, skipped)
+    for c in draft_cases:
+        print(f"drafter {c['variant']:<9} median {c['median_ms']:8.3f} ms  min {c['min_ms']:8.3f} ms")
     if a.json:
         doc = {**run_record(argv), "device": device, "device_name": device_name(device),
                "target": {"path": str(path), "bytes": path.stat().st_size, "arch": m.arch, "n_layer": m.n_layer,
                           "n_embd": m.n_embd, "n_vocab": m.n_vocab},
                "ctx": a.ctx, "threads": threads, "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
                "tokens": a.tokens, "variants": a.variants, "feature_layers": layers, "method": pb.METHOD,
-               "skipped": skipped, "cases": cases}
+               "skipped": skipped, "cases": cases, "drafter": a.drafter, "drafter_method": db.DRAFT_METHOD,
+               "drafter_cases": draft_cases}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
 
