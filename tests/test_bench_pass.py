@@ -111,3 +111,15 @@ def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_pa
         fresh.close()
         used.close()
         t.close()
+
+
+@pytest.mark.parametrize("bad", ["missing.gguf", "not-gguf.txt"])
+def test_bad_drafter_is_a_clear_error(target_path, tmp_path, capsys, bad):
+    """--drafter that is missing or not a GGUF exits with status 2 and a message, before any timing."""
+    (tmp_path / "not-gguf.txt").write_text("hello")
+    with pytest.raises(SystemExit) as e:
+        bench_pass.main(["--target", str(target_path), "--drafter", str(tmp_path / bad), "--ctx", "8",
+                         "--tokens", "1", "--iters", "1", "--warmup", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr()
+    assert "drafter:" in err.err and "Traceback" not in err.err and "median" not in err.out

@@ -82,17 +82,30 @@ def load_target(a):
         fail(str(e))
 
 
-def time_drafter(a, target_path, target, rng) -> list[dict]:
-    """Load ``--drafter`` on ``target`` (its prompt re-prefilled with the drafter's features injected)
-    and time every drafter variant. Exits with a message (status 2) when the drafter cannot be loaded."""
-    from ..drafter import DFlashDrafter, DrafterMismatchError
+def resolve_drafter_arg(a, target_path):
+    """The ``--drafter`` GGUF's path (None without ``--drafter``), resolved before any timing. Exits with a
+    message (status 2) when it cannot be found or is not a GGUF."""
+    if not a.drafter:
+        return None
     from ..drafters import resolve_drafter
+    from ..models import ModelError
+
+    try:
+        return resolve_drafter(a.drafter, target_path)
+    except (ModelError, OSError, ValueError) as e:
+        fail(f"drafter: {e}")
+
+
+def time_drafter(a, drafter_path, target, rng) -> list[dict]:
+    """Load the drafter at ``drafter_path`` on ``target`` (its prompt re-prefilled with the drafter's
+    features injected) and time every drafter variant. Exits with a message (status 2) when llama.cpp
+    cannot load it or it does not fit the target."""
+    from ..drafter import DFlashDrafter
     from ..llm import LlamaError
 
     try:
-        d = DFlashDrafter(resolve_drafter(a.drafter, target_path), target, n_threads=a.threads,
-                          n_gpu_layers=0 if a.cpu else -1)
-    except (DrafterMismatchError, LlamaError, OSError, ValueError) as e:
+        d = DFlashDrafter(drafter_path, target, n_threads=a.threads, n_gpu_layers=0 if a.cpu else -1)
+    except (LlamaError, OSError, ValueError) as e:  # ValueError includes DrafterMismatchError
         fail(f"drafter: {e}")
     try:
         prompt = [int(x) for x in rng.integers(0, target.model.n_vocab, a.ctx)]
@@ -109,6 +122,11 @@ def main(argv=None) -> None:
     from ..llm import default_threads, gpu_available
 
     path, target = load_target(a)
+    try:
+        drafter_path = resolve_drafter_arg(a, path)
+    except SystemExit:
+        target.close()
+        raise
     rng = np.random.default_rng(a.seed)
     m = target.model
     try:
@@ -118,7 +136,7 @@ def main(argv=None) -> None:
         bench = pb.PassBench(target, [int(x) for x in rng.integers(0, m.n_vocab, a.ctx)], layers)
         cases, skipped = pb.run(bench, a.tokens, a.variants, a.warmup, a.iters, rng,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
-        draft_cases = time_drafter(a, path, target, rng) if a.drafter else []
+        draft_cases = time_drafter(a, drafter_path, target, rng) if drafter_path else []
     except ValueError as e:
         fail(str(e))
     finally:
