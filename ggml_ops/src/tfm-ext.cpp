@@ -264,24 +264,30 @@ struct topk_config {
     bool    on_backend; // verdict of backend_init
 };
 
-// One row's graph: ids = top-k of the logits x, and their log-probs x_i - lse with
-// lse = x_a - log p_a at the most likely candidate a (p = softmax over the full row).
-// Taking lse there keeps log-probs exact for candidates whose p underflows float32.
-// k = 1 (the target's greedy top-1): an argmax instead of a top-k, whose CUDA build without
-// CCCL >= 3.2 sorts the whole row (ggml-cuda/top-k.cu), and log p of it from the same softmax.
-void top1_build(ggml_context * ctx, ggml_tensor * x, llama_sampler_data * data) {
-    const int64_t n   = x->ne[0];
-    ggml_tensor * ids = ggml_argmax(ctx, ggml_reshape_2d(ctx, x, n, 1));                          // [1]
-    ggml_tensor * pa  = ggml_get_rows(ctx, ggml_reshape_2d(ctx, ggml_soft_max(ctx, x), 1, n), ids); // [1, 1]
+// The sampler's outputs for a row of n logits: the chosen ids (mapped through the row's earlier
+// candidate ids when a previous sampler set them) and their log-probs.
+void topk_set_outputs(ggml_context * ctx, llama_sampler_data * data, ggml_tensor * ids, ggml_tensor * logp,
+                      int64_t n) {
     ggml_set_name(ids, "tfm_topk_ids");
-
-    data->logits = ggml_log(ctx, pa);
+    data->logits = logp;
     ggml_set_name(data->logits, "tfm_topk_logp");
     data->candidates = data->candidates
         ? ggml_get_rows(ctx, ggml_reshape_2d(ctx, data->candidates, 1, n), ids)
         : ids;
 }
 
+// k = 1 (the target's greedy top-1): an argmax instead of a top-k, whose CUDA build without
+// CCCL >= 3.2 sorts the whole row (ggml-cuda/top-k.cu), and log p of it from the softmax.
+void top1_build(ggml_context * ctx, ggml_tensor * x, llama_sampler_data * data) {
+    const int64_t n   = x->ne[0];
+    ggml_tensor * ids = ggml_argmax(ctx, ggml_reshape_2d(ctx, x, n, 1));                          // [1]
+    ggml_tensor * pa  = ggml_get_rows(ctx, ggml_reshape_2d(ctx, ggml_soft_max(ctx, x), 1, n), ids); // [1, 1]
+    topk_set_outputs(ctx, data, ids, ggml_log(ctx, pa), n);
+}
+
+// One row's graph: ids = top-k of the logits x, and their log-probs x_i - lse with
+// lse = x_a - log p_a at the most likely candidate a (p = softmax over the full row).
+// Taking lse there keeps log-probs exact for candidates whose p underflows float32.
 void topk_build(ggml_context * ctx, const topk_config & cfg, llama_sampler_data * data) {
     ggml_tensor * x = ggml_reshape_1d(ctx, data->logits, ggml_nelements(data->logits));
     const int64_t n = x->ne[0];
@@ -298,13 +304,7 @@ void topk_build(ggml_context * ctx, const topk_config & cfg, llama_sampler_data 
     ggml_tensor * a   = ggml_argmax(ctx, ggml_reshape_2d(ctx, pk, k, 1));        // [1]
     ggml_tensor * lse = ggml_sub(ctx, ggml_get_rows(ctx, xk, a),
                                  ggml_log(ctx, ggml_get_rows(ctx, pk, a)));       // [1, 1]
-    ggml_set_name(ids, "tfm_topk_ids");
-
-    data->logits = ggml_sub(ctx, xk, lse);
-    ggml_set_name(data->logits, "tfm_topk_logp");
-    data->candidates = data->candidates
-        ? ggml_get_rows(ctx, ggml_reshape_2d(ctx, data->candidates, 1, n), ids)
-        : ids;
+    topk_set_outputs(ctx, data, ids, ggml_sub(ctx, xk, lse), n);
 }
 
 // True when the device behind buft runs every op of topk_build on a full-vocabulary row.
