@@ -17,23 +17,22 @@ import sys
 from pathlib import Path
 
 from .paths import cache_dir
-from .train.atomic import sha256_file
 
 RANDOM_LAYERS = 1
 ASSETS = Path(__file__).resolve().parent / "assets"
 
-#: target identity (see ``_target_key``) → shipped vocabulary-less drafter (trained, see docs/training.md)
+#: target identity (see ``_file_key``) → shipped vocabulary-less drafter (trained, see docs/training.md)
 SHIPPED = {
     "d5cde8a7e219b5f2": "qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf",
 }
 
 
-def _target_key(target: Path) -> str:
-    """Cheap identity of a target file: size + hash of its first and last MiB."""
-    h = hashlib.sha256(str(target.stat().st_size).encode())
-    with open(target, "rb") as f:
+def _file_key(path: Path) -> str:
+    """Cheap identity of a model file (a target, a shipped asset): size + hash of its first and last MiB."""
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with open(path, "rb") as f:
         h.update(f.read(1 << 20))
-        f.seek(max(0, target.stat().st_size - (1 << 20)))
+        f.seek(max(0, path.stat().st_size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()[:16]
 
@@ -41,13 +40,14 @@ def _target_key(target: Path) -> str:
 def shipped_drafter_for(target: Path) -> Path | None:
     """The shipped trained drafter of ``target`` with the target's vocabulary attached, or None.
 
-    The cached file is named after the asset's content (first 12 hex digits of its sha256), so a
-    newer asset shipped under the same name is attached afresh instead of reusing a stale cache.
+    The cached file is named after the asset's content (``_file_key``, read on every call: a few ms
+    where a full sha256 took ~0.1 s), so a newer asset shipped under the same name is attached afresh
+    instead of reusing a stale cache.
     """
-    name = SHIPPED.get(_target_key(target))
+    name = SHIPPED.get(_file_key(target))
     if name is None:
         return None
-    digest = sha256_file(ASSETS / name)[:12]
+    digest = _file_key(ASSETS / name)[:12]
     out = cache_dir() / "drafters" / name.replace(".novocab.gguf", f"-{digest}.gguf")
     if not out.exists():
         from tfm_convert.vocab import attach_vocab
@@ -59,7 +59,7 @@ def shipped_drafter_for(target: Path) -> Path | None:
 
 def random_drafter_for(target: Path) -> Path:
     """Path of the cached random-init drafter for ``target``, created on first use."""
-    out = cache_dir() / "drafters" / f"random-L{RANDOM_LAYERS}-{_target_key(target)}.gguf"
+    out = cache_dir() / "drafters" / f"random-L{RANDOM_LAYERS}-{_file_key(target)}.gguf"
     if not out.exists():
         from tfm_convert.pipeline import init_random
 
