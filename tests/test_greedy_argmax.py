@@ -95,23 +95,23 @@ def outputs(target, drafter, argmax, tree, budget, oracle_p=None):
         return res
 
 
-def same_as_plain(target, got, plain):
-    """Every prompt's output equals plain's (on a GPU build: or parts at a near-tie of plain's logits)."""
-    with Engine(target, None, n_ctx=512) as e:
-        ids = [e.prompt_tokens(prompt) for prompt in PROMPTS]
-    for prompt_ids, out, ref in zip(ids, got, plain):
-        assert_greedy_same_or_near_tie(target, prompt_ids, out, ref)
-
-
 def test_engine_backend_argmax_equals_host_and_plain(pair):
+    """Every prompt's output equals plain's (on a GPU build: or parts at a near-tie of plain's logits)."""
     target, drafter = pair
+    with Engine(target, None, n_ctx=512) as e:
+        prompt_ids = [e.prompt_tokens(prompt) for prompt in PROMPTS]
+
+    def same_as_plain(got, plain):
+        for ids, out, ref in zip(prompt_ids, got, plain):
+            assert_greedy_same_or_near_tie(target, ids, out, ref)
+
     plain = outputs(target, None, "host", "chain", 0)
-    same_as_plain(target, outputs(target, None, "backend", "chain", 0), plain)
+    same_as_plain(outputs(target, None, "backend", "chain", 0), plain)
     for tree, budget in (("chain", None), ("ddtree", 16), ("chain", "auto")):
         for p in (None, 0.3):
             oracle = None if p is None else (p, plain)
-            same_as_plain(target, outputs(target, drafter, "backend", tree, budget, oracle), plain)
-            same_as_plain(target, outputs(target, drafter, "host", tree, budget, oracle), plain)
+            same_as_plain(outputs(target, drafter, "backend", tree, budget, oracle), plain)
+            same_as_plain(outputs(target, drafter, "host", tree, budget, oracle), plain)
 
 
 def test_sampling_ignores_the_backend_argmax(pair):

@@ -24,8 +24,8 @@ from .drafter import DFlashDrafter
 from .gdn_bench import time_stats
 
 DRAFT_VARIANTS = ("inject1", "inject16", "topk", "logits", "step")
-#: block drafts and candidates per row of the topk / logits / step variants
-N_DRAFT, TOP_K = 15, 8
+#: block drafts and candidates per row of the topk / logits / step variants; feature rows of inject16
+N_DRAFT, TOP_K, N_ROWS = 15, 8, 16
 #: the method in one paragraph, for a result file
 DRAFT_METHOD = ("drafter passes at position ctx after a prompt of ctx tokens whose features were injected: "
                 "inject1 / inject16 = DFlashDrafter.inject of 1 / 16 random feature rows; topk = top_k of a "
@@ -49,9 +49,9 @@ class DraftBench:
         self.drafter, self.pos = drafter, drafter.n_injected
         if self.pos < 1:
             raise ValueError("inject the prompt's features first")
-        if self.pos + 16 + drafter.block_size > drafter.ctx.n_ctx:
+        if self.pos + N_ROWS + drafter.block_size > drafter.ctx.n_ctx:
             raise ValueError(f"the drafter context ({drafter.ctx.n_ctx}) has no room after {self.pos} tokens")
-        self.rows = rng.standard_normal((16, width)).astype(np.float32)
+        self.rows = rng.standard_normal((N_ROWS, width)).astype(np.float32)
         self.last = int(rng.integers(0, drafter.model.n_vocab))
 
     def _pass(self, variant: str):
