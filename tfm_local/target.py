@@ -241,7 +241,7 @@ class Target:
         sampler (remembered; use the logits methods). Raises ValueError for ``n_rows`` outside
         1..n_batch.
 
-        The graph takes an argmax (``ggml_argmax``) and the log-probability of that id per row.
+        The graph takes an argmax (``ggml_argmax``) per row and nothing over the full row besides.
         Exactly tied logits: the CPU backend's argmax returns the lowest id, as np.argmax does;
         CUDA's does not promise an order among them. The engine uses one rule for plain and
         speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).

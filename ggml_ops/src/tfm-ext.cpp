@@ -23,7 +23,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 6;
+    return 7;
 }
 
 void tfm_set_layer_inp(llama_context * ctx, uint32_t il, bool value) {
@@ -276,13 +276,13 @@ void topk_set_outputs(ggml_context * ctx, llama_sampler_data * data, ggml_tensor
         : ids;
 }
 
-// k = 1 (the target's greedy top-1): an argmax instead of a top-k, whose CUDA build without
-// CCCL >= 3.2 sorts the whole row (ggml-cuda/top-k.cu), and log p of it from the softmax.
+// k = 1 (the target's greedy top-1): an argmax, and the raw logit of it in place of a log-prob.
+// Greedy verification reads only the id; a log-prob would cost a softmax over the full row, one
+// more pass per output row (llama.cpp builds this graph once per row).
 void top1_build(ggml_context * ctx, ggml_tensor * x, llama_sampler_data * data) {
     const int64_t n   = x->ne[0];
-    ggml_tensor * ids = ggml_argmax(ctx, ggml_reshape_2d(ctx, x, n, 1));                          // [1]
-    ggml_tensor * pa  = ggml_get_rows(ctx, ggml_reshape_2d(ctx, ggml_soft_max(ctx, x), 1, n), ids); // [1, 1]
-    topk_set_outputs(ctx, data, ids, ggml_log(ctx, pa), n);
+    ggml_tensor * ids = ggml_argmax(ctx, ggml_reshape_2d(ctx, x, n, 1));            // [1]
+    topk_set_outputs(ctx, data, ids, ggml_get_rows(ctx, ggml_reshape_2d(ctx, x, 1, n), ids), n); // [1, 1]
 }
 
 // One row's graph: ids = top-k of the logits x, and their log-probs x_i - lse with
@@ -340,7 +340,8 @@ const char * topk_name(const llama_sampler * /*smpl*/) {
     return "tfm-topk";
 }
 
-// Host form (llama_sampler_apply): keep the k best candidates, sorted, logit := log-prob.
+// Host form (llama_sampler_apply): keep the k best candidates, sorted, logit := log-prob (k = 1:
+// the raw logit, as topk_build).
 void topk_apply(llama_sampler * smpl, llama_token_data_array * cur_p) {
     const auto * cfg = (const topk_config *) smpl->ctx;
     if (cur_p->size == 0) {
@@ -354,8 +355,8 @@ void topk_apply(llama_sampler * smpl, llama_token_data_array * cur_p) {
     for (size_t i = 0; i < cur_p->size; ++i) {
         s += std::exp((double) cur_p->data[i].logit - m);
     }
-    const float  lse = m + (float) std::log(s);
     const size_t k   = std::min<size_t>((size_t) cfg->k, cur_p->size);
+    const float  lse = cfg->k == 1 ? 0.0f : m + (float) std::log(s);
     std::partial_sort(cur_p->data, cur_p->data + k, cur_p->data + cur_p->size,
                       [](const llama_token_data & a, const llama_token_data & b) { return a.logit > b.logit; });
     cur_p->size = k;
@@ -511,6 +512,9 @@ ggml_tensor * test_op_build(ggml_context * ctx, int32_t op, const std::vector<gg
             return n == 3 ? ggml_ssm_conv_tree(ctx, s[0], s[1], s[2]) : nullptr;
         case TFM_OP_CONV_COMMIT:
             return n == 2 ? ggml_ssm_conv_tree_commit(ctx, s[0], s[1], iparam) : nullptr;
+        case TFM_OP_TOP_K:
+            return n == 1 && s[0]->type == GGML_TYPE_F32 && iparam >= 1 && iparam <= s[0]->ne[0]
+                ? ggml_top_k(ctx, s[0], iparam) : nullptr;
         default:
             return nullptr;
     }
@@ -558,7 +562,7 @@ int32_t op_graph_define(op_graph & g, int32_t op, int32_t n_src, const int64_t *
                                             ne[4*i], ne[4*i + 1], ne[4*i + 2], ne[4*i + 3]));
     }
     g.res = test_op_build(g.ctx, op, g.srcs, iparam);
-    if (g.res == nullptr || g.res->type != GGML_TYPE_F32) {
+    if (g.res == nullptr || (g.res->type != GGML_TYPE_F32 && g.res->type != GGML_TYPE_I32)) {
         return -1;
     }
     g.gf = ggml_new_graph_custom(g.ctx, 8, false);

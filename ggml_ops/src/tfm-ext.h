@@ -63,7 +63,8 @@ LLAMA_API bool tfm_tree_commit(struct llama_context * ctx, const int32_t * keep,
 // output rows (patch 0004 raises llama.cpp's per-sequence limit, 1 by default, to n_rows).
 // k = 0 detaches (raw logits again). Changing k re-attaches (a scheduler reserve at the next
 // decode). Returns 1 when attached, 0 when the backend cannot run the ops (nothing attached:
-// use the host path), -1 for k outside 0..n_vocab or n_rows < 1.
+// use the host path), -1 for k outside 0..n_vocab or n_rows < 1. k = 1 is a greedy argmax: its
+// "log-prob" is the argmax's raw logit (no softmax over the row is computed).
 LLAMA_API int32_t tfm_topk_attach(struct llama_context * ctx, int32_t k, int32_t n_rows);
 
 // After a token batch decoded with the top-k sampler attached: the top-k of batch rows
@@ -84,6 +85,8 @@ LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n
 //              CONV        sx, c                            (ggml_ssm_conv)
 //              CONV_TREE   sx, c, parent                    (ggml_ssm_conv_tree)
 //              CONV_COMMIT sx, path; iparam = d_conv        (ggml_ssm_conv_tree_commit)
+//              TOP_K       x; iparam = k                    (ggml_top_k; the result is int32 ids,
+//                                                            copied bit for bit into out)
 //   device : 0 = CPU backend (n_threads threads), 1 = the first GPU device
 //   out    : receives the result, out_n floats (must equal its element count); the result
 //            tensor is filled with NaN before the run, so elements the op leaves unwritten show.
@@ -96,6 +99,7 @@ enum {
     TFM_OP_CONV        = 3,
     TFM_OP_CONV_TREE   = 4,
     TFM_OP_CONV_COMMIT = 5,
+    TFM_OP_TOP_K       = 6,
 };
 LLAMA_API int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                               const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
