@@ -252,9 +252,12 @@ bool tfm_tree_commit(llama_context * ctx, const int32_t * keep, uint32_t n_keep)
 
 // -- backend top-k log-probabilities ------------------------------------------------------
 //
-// A llama_sampler whose backend interface adds, per output row, a full-vocabulary softmax and
-// a top-k to the decode graph; llama.cpp (build_sampling) calls backend_apply once per output
-// row with a view of that row's logits and copies the k ids and k log-probs it returns.
+// A llama_sampler whose backend interface adds the top-k and their log-probabilities to the decode
+// graph. llama.cpp (build_sampling) calls backend_apply once per output row with a view of that
+// row's logits; the first call of a graph builds the ops once for every row of the logits matrix the
+// views point into (a handful of kernels instead of a handful per row), and each row's outputs are
+// views of that result. A row that is not such a view (or one whose candidates an earlier sampler
+// already narrowed) gets the same ops on its own.
 
 namespace {
 
@@ -262,58 +265,96 @@ struct topk_config {
     int32_t k;          // candidates per row
     int64_t n_vocab;    // row length (for the support probe)
     bool    on_backend; // verdict of backend_init
+    // the graph being built (cleared by backend_reset): the logits matrix and its rows' results
+    const ggml_tensor * rows_src  = nullptr; // [n_vocab, n_rows] f32
+    ggml_tensor *       rows_ids  = nullptr; // [k, n_rows] i32
+    ggml_tensor *       rows_logp = nullptr; // [k, n_rows] f32
 };
 
-// The sampler's outputs for a row of n logits: the chosen ids (mapped through the row's earlier
-// candidate ids when a previous sampler set them) and their log-probs.
-void topk_set_outputs(ggml_context * ctx, llama_sampler_data * data, ggml_tensor * ids, ggml_tensor * logp,
-                      int64_t n) {
-    ggml_set_name(ids, "tfm_topk_ids");
-    data->logits = logp;
-    ggml_set_name(data->logits, "tfm_topk_logp");
-    data->candidates = data->candidates
+struct topk_rows {
+    ggml_tensor * ids;  // [k, R] i32, unordered
+    ggml_tensor * logp; // [k, R] f32 (k = 1: the argmax's raw logit)
+};
+
+// The k best of each column of x [n, R] and their log-probs x_i - lse, lse = x_a - log p_a at the
+// most likely candidate a (p = softmax over the full row: exact where p_i underflows float32).
+// k = 1 (the target's greedy top-1): an argmax, and the raw logit of it in place of a log-prob:
+// greedy verification reads only the id, and the softmax would be one more pass over every row.
+topk_rows topk_build_rows(ggml_context * ctx, ggml_tensor * x, int k) {
+    const int64_t n  = x->ne[0];
+    const int64_t R  = x->ne[1];
+    ggml_tensor * x3 = ggml_reshape_3d(ctx, x, 1, n, R); // rows of one element, per column of x
+    if (k == 1) {
+        ggml_tensor * ids = ggml_reshape_2d(ctx, ggml_argmax(ctx, x), 1, R);                 // [1, R]
+        return {ids, ggml_reshape_2d(ctx, ggml_get_rows(ctx, x3, ids), 1, R)};
+    }
+    ggml_tensor * ids = ggml_top_k(ctx, x, k);                                               // [k, R]
+    ggml_tensor * xk  = ggml_reshape_2d(ctx, ggml_get_rows(ctx, x3, ids), k, R);
+    ggml_tensor * pk  = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, ggml_soft_max(ctx, x), 1, n, R), ids), k, R);
+    ggml_tensor * a   = ggml_reshape_2d(ctx, ggml_argmax(ctx, pk), 1, R);                    // [1, R]
+    ggml_tensor * xa  = ggml_get_rows(ctx, ggml_reshape_3d(ctx, xk, 1, k, R), a);          // [1, 1, R]
+    ggml_tensor * pa  = ggml_get_rows(ctx, ggml_reshape_3d(ctx, pk, 1, k, R), a);
+    ggml_tensor * lse = ggml_reshape_2d(ctx, ggml_sub(ctx, xa, ggml_log(ctx, pa)), 1, R);
+    return {ids, ggml_sub(ctx, xk, lse)};
+}
+
+// One row on its own: outputs mapped through the row's earlier candidate ids when a previous
+// sampler set them.
+void topk_build_row(ggml_context * ctx, const topk_config & cfg, llama_sampler_data * data) {
+    const int64_t n    = ggml_nelements(data->logits);
+    const int     k    = (int) std::min<int64_t>(cfg.k, n);
+    topk_rows     r    = topk_build_rows(ctx, ggml_reshape_2d(ctx, data->logits, n, 1), k);
+    ggml_tensor * ids  = ggml_reshape_1d(ctx, r.ids, k);
+    data->logits       = ggml_reshape_1d(ctx, r.logp, k);
+    data->candidates   = data->candidates
         ? ggml_get_rows(ctx, ggml_reshape_2d(ctx, data->candidates, 1, n), ids)
         : ids;
 }
 
-// k = 1 (the target's greedy top-1): an argmax, and the raw logit of it in place of a log-prob.
-// Greedy verification reads only the id; a log-prob would cost a softmax over the full row, one
-// more pass per output row (llama.cpp builds this graph once per row).
-void top1_build(ggml_context * ctx, ggml_tensor * x, llama_sampler_data * data) {
-    const int64_t n   = x->ne[0];
-    ggml_tensor * ids = ggml_argmax(ctx, ggml_reshape_2d(ctx, x, n, 1));            // [1]
-    topk_set_outputs(ctx, data, ids, ggml_get_rows(ctx, ggml_reshape_2d(ctx, x, 1, n), ids), n); // [1, 1]
+// Row of src that the row view points at.
+size_t row_index(const ggml_tensor * row, const ggml_tensor * src) {
+    return row->view_offs / src->nb[1];
 }
 
-// One row's graph: ids = top-k of the logits x, and their log-probs x_i - lse with
-// lse = x_a - log p_a at the most likely candidate a (p = softmax over the full row).
-// Taking lse there keeps log-probs exact for candidates whose p underflows float32.
-void topk_build(ggml_context * ctx, const topk_config & cfg, llama_sampler_data * data) {
-    ggml_tensor * x = ggml_reshape_1d(ctx, data->logits, ggml_nelements(data->logits));
-    const int64_t n = x->ne[0];
-    const int     k = (int) std::min<int64_t>(cfg.k, n);
-    if (k == 1) {
-        top1_build(ctx, x, data);
+// The logits matrix data->logits is a row view of, or nullptr when it is not one.
+const ggml_tensor * topk_row_source(const llama_sampler_data * data) {
+    const ggml_tensor * row = data->logits;
+    const ggml_tensor * src = row->view_src;
+    const bool ok = src != nullptr && data->candidates == nullptr && src->type == GGML_TYPE_F32 &&
+                    ggml_n_dims(row) == 1 && row->ne[0] == src->ne[0] && ggml_is_contiguous(src) &&
+                    row->view_offs % src->nb[1] == 0;
+    return ok ? src : nullptr;
+}
+
+void topk_build(ggml_context * ctx, topk_config & cfg, llama_sampler_data * data) {
+    const ggml_tensor * src = topk_row_source(data);
+    if (src == nullptr) {
+        topk_build_row(ctx, cfg, data);
         return;
     }
-
-    ggml_tensor * ids = ggml_top_k(ctx, x, k);                                   // [k] unordered
-    ggml_tensor * p   = ggml_soft_max(ctx, x);                                   // [n]
-    ggml_tensor * xk  = ggml_get_rows(ctx, ggml_reshape_2d(ctx, x, 1, n), ids);  // [1, k]
-    ggml_tensor * pk  = ggml_get_rows(ctx, ggml_reshape_2d(ctx, p, 1, n), ids);  // [1, k]
-    ggml_tensor * a   = ggml_argmax(ctx, ggml_reshape_2d(ctx, pk, k, 1));        // [1]
-    ggml_tensor * lse = ggml_sub(ctx, ggml_get_rows(ctx, xk, a),
-                                 ggml_log(ctx, ggml_get_rows(ctx, pk, a)));       // [1, 1]
-    topk_set_outputs(ctx, data, ids, ggml_sub(ctx, xk, lse), n);
+    const int k = (int) std::min<int64_t>(cfg.k, src->ne[0]);
+    if (cfg.rows_src != src) {
+        topk_rows r    = topk_build_rows(ctx, const_cast<ggml_tensor *>(src), k);
+        cfg.rows_src   = src;
+        cfg.rows_ids   = r.ids;
+        cfg.rows_logp  = r.logp;
+        ggml_set_name(cfg.rows_ids, "tfm_topk_ids");
+        ggml_set_name(cfg.rows_logp, "tfm_topk_logp");
+        ggml_set_output(cfg.rows_ids);   // the rows' outputs are views: keep the memory they read
+        ggml_set_output(cfg.rows_logp);
+    }
+    const size_t i = row_index(data->logits, src);
+    data->candidates = ggml_view_1d(ctx, cfg.rows_ids, k, i * cfg.rows_ids->nb[1]);
+    data->logits     = ggml_view_1d(ctx, cfg.rows_logp, k, i * cfg.rows_logp->nb[1]);
 }
 
-// True when the device behind buft runs every op of topk_build on a full-vocabulary row.
+// True when the device behind buft runs every op of topk_build, for one row and for a matrix of rows.
 bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
     if (dev == nullptr) {
         return true; // plain host memory: the CPU backend runs these ops
     }
-    const size_t max_nodes = 64;
+    const size_t max_nodes = 128;
     ggml_init_params params = {
         /*.mem_size   =*/ max_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(max_nodes, false),
         /*.mem_buffer =*/ nullptr,
@@ -323,11 +364,16 @@ bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
     if (ctx == nullptr) {
         return false;
     }
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, max_nodes, false);
-    llama_sampler_data data = { ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cfg.n_vocab), nullptr, nullptr, nullptr };
-    topk_build(ctx, cfg, &data);
-    ggml_build_forward_expand(gf, data.logits);
-    ggml_build_forward_expand(gf, data.candidates);
+    ggml_cgraph * gf    = ggml_new_graph_custom(ctx, max_nodes, false);
+    ggml_tensor * mat   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
+    topk_config   probe = cfg;
+    llama_sampler_data one  = { ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cfg.n_vocab), nullptr, nullptr, nullptr };
+    llama_sampler_data rows = { ggml_view_1d(ctx, mat, cfg.n_vocab, mat->nb[1]), nullptr, nullptr, nullptr };
+    for (llama_sampler_data * d : { &one, &rows }) {
+        topk_build(ctx, probe, d);
+        ggml_build_forward_expand(gf, d->logits);
+        ggml_build_forward_expand(gf, d->candidates);
+    }
     bool ok = true;
     for (int i = 0; ok && i < ggml_graph_n_nodes(gf); ++i) {
         ok = ggml_backend_dev_supports_op(dev, ggml_graph_node(gf, i));
@@ -385,7 +431,14 @@ bool topk_backend_init(llama_sampler * smpl, ggml_backend_buffer_type_t buft, ui
 }
 
 void topk_backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph * /*gf*/, llama_sampler_data * data) {
-    topk_build(ctx, *(const topk_config *) smpl->ctx, data);
+    topk_build(ctx, *(topk_config *) smpl->ctx, data);
+}
+
+void topk_backend_reset(llama_sampler * smpl) {
+    auto * cfg = (topk_config *) smpl->ctx;
+    cfg->rows_src  = nullptr;
+    cfg->rows_ids  = nullptr;
+    cfg->rows_logp = nullptr;
 }
 
 llama_sampler_i topk_iface = {
@@ -399,12 +452,12 @@ llama_sampler_i topk_iface = {
     /* .backend_accept    = */ nullptr,
     /* .backend_apply     = */ topk_backend_apply,
     /* .backend_set_input = */ nullptr,
-    /* .backend_reset     = */ nullptr,
+    /* .backend_reset     = */ topk_backend_reset,
     /* .copy_state        = */ nullptr,
 };
 
 llama_sampler * topk_new(int32_t k, int64_t n_vocab) {
-    return llama_sampler_init(&topk_iface, new topk_config{k, n_vocab, false});
+    return llama_sampler_init(&topk_iface, new topk_config{k, n_vocab, false, nullptr, nullptr, nullptr});
 }
 
 // The sampler chain attached to each context by tfm_topk_attach (llama.cpp keeps a raw pointer).
