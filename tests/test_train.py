@@ -363,6 +363,48 @@ def test_fit_resume_after_a_crash_equals_uninterrupted_run(smoke, tmp_path, monk
         fit(corpus, target, tmp_path / "b", _opts(8), drafter_config(target, 2, 64), progress=False)
 
 
+def test_heldout_split_takes_the_last_sequences_and_refuses_too_many():
+    from tfm_local.train.heldout import split
+
+    seqs = _seqs(5, np.random.default_rng(0))
+    train, held = split(seqs, 2)
+    assert train == seqs[:3] and held == seqs[3:]
+    assert split(seqs, 0) == (seqs, [])
+    for n in (5, 9, -1):
+        with pytest.raises(TrainError):
+            split(seqs, n)
+
+
+def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch):
+    """With 3 held-out sequences: training batches never contain them, the log gets a held-out line every
+    eval_every steps and at the end, and resuming with another holdout is refused."""
+    from tfm_local.train import fit as fit_mod
+    from tfm_local.train.fit import drafter_config, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    opts = FitOptions(**{**_opts(7).__dict__, "holdout": 3, "eval_every": 3})
+    held_ids = {tuple(s.ids) for s in _sequences_of(corpus)[-3:]}
+    seen, real = [], fit_mod.make_batch
+    monkeypatch.setattr(fit_mod, "make_batch", lambda seqs, *a: seen.extend(tuple(s.ids) for s in seqs) or real(seqs, *a))
+    fit(corpus, target, tmp_path / "h", opts, drafter_config(target, 1, 32), progress=False)
+    assert seen and not held_ids & set(seen)
+    lines = [json.loads(x) for x in (tmp_path / "h" / "log.jsonl").read_text().splitlines()]
+    held = [x for x in lines if "heldout_loss" in x]
+    assert [x["step"] for x in held] == [3, 6, 7]
+    assert all(np.isfinite(x["heldout_loss"]) and 0 <= x["heldout_tau"] <= 15 for x in held)
+    with pytest.raises(TrainError, match="fit options"):
+        fit(corpus, target, tmp_path / "h", FitOptions(**{**opts.__dict__, "holdout": 2, "max_steps": 9}),
+            drafter_config(target, 1, 32), progress=False)
+
+
+def _sequences_of(corpus):
+    from tfm_local.train.batching import usable
+    from tfm_local.train.corpus import load_corpus
+
+    seqs = load_corpus(corpus)[1]
+    return [seqs[i] for i in usable(seqs, 256)]
+
+
 def test_time_budget_shortens_the_schedule(smoke, tmp_path, monkeypatch):
     """With a fake clock of 1 s per step and a 60 s budget, the fit stops near 0.97 × 60 steps."""
     from tfm_local.train import fit as fit_mod

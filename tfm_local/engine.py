@@ -31,13 +31,13 @@ DEFAULT_TREE_BUDGET = 63
 #: How greedy steps read the target's choice: "backend" = each verified row's argmax computed in the
 #: target's graph (Target.attach_argmax, one int per row reaches the host), "host" = full logits
 #: copied to the host and np.argmax. "auto" = GPU_ARGMAX on a GPU, CPU_ARGMAX on the CPU; the
-#: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto". Both are "host" from
-#: measurements: equal within noise on the 2-core CPU (docs/cpu.md); on the H200 the backend top-1
-#: (a full log-softmax and top-k per row, patch 0004) made a 64-node verify 14.2 ms against 8.6 ms
-#: with the host copy (docs/gpu-h200.md, 2026-11-29).
+#: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto". From measurements: on the
+#: 2-core CPU equal within noise (docs/cpu.md), so "host"; on the H200 the backend argmax (one
+#: ggml_argmax over all rows, patch 0007's multi-block kernel) made a 16-token verify 4.33 ms and a
+#: 64-token one 7.24 ms against 4.86 and 10.5 with the logits copied (docs/gpu-h200.md, 2026-11-30).
 ARGMAX_MODES = ("auto", "backend", "host")
 CPU_ARGMAX = "host"
-GPU_ARGMAX = "host"
+GPU_ARGMAX = "backend"
 
 
 def backend_argmax_wanted(mode: str, on_gpu: bool) -> bool:

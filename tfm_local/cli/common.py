@@ -105,8 +105,8 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
     ap.add_argument("--greedy-argmax", default="auto", choices=["auto", "backend", "host"],
                     help="greedy decoding: each verified row's argmax computed on the target's backend, or "
-                         "its logits copied to the host and argmax there (default auto: host, measured faster; "
-                         "$TFM_GREEDY_ARGMAX overrides auto)")
+                         "its logits copied to the host and argmax there (default auto: the one measured faster, "
+                         "backend on a GPU, host on the CPU; $TFM_GREEDY_ARGMAX overrides auto)")
 
 
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:

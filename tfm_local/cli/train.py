@@ -105,7 +105,8 @@ def _fit_options(args):
                       weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
                       anchors=args.anchors, gamma=args.gamma, max_len=args.max_len, seed=args.seed,
                       save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every,
-                      time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget)
+                      time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget,
+                      holdout=args.holdout, eval_every=args.eval_every)
 
 
 def cmd_fit(args) -> None:
@@ -233,9 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = _fit_defaults()
     for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),
                       ("weight-decay", float), ("grad-clip", float), ("batch-tokens", int), ("anchors", int),
-                      ("gamma", float), ("max-len", int), ("seed", int), ("save-every", int), ("log-every", int)):
+                      ("gamma", float), ("max-len", int), ("seed", int), ("save-every", int), ("log-every", int),
+                      ("holdout", int), ("eval-every", int)):
         key = name.replace("-", "_")
-        p.add_argument(f"--{name}", type=typ, default=d[key], help=f"(default {d[key]})")
+        p.add_argument(f"--{name}", type=typ, default=d[key], help=f"{_FIT_HELP.get(key, '')}(default {d[key]})")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
     p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
                    help="end the fit (schedule included) within MIN minutes of wall clock")
@@ -280,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=150)
     p.set_defaults(func=cmd_smoke)
     return ap
+
+
+_FIT_HELP = {
+    "holdout": "corpus sequences set aside (the last N), never trained on; their loss and acceptance proxy "
+               "are logged as heldout_loss / heldout_tau ",
+    "eval_every": "steps between held-out evaluations ",
+}
 
 
 def _positive_float(text: str) -> float:

@@ -28,6 +28,7 @@ from .batching import make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
 from .corpus import corpus_id, load_corpus, target_identity
 from .errors import TrainError
+from .heldout import eval_batches, evaluate, split
 from .model import DFlashDraft
 from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
 from .timebudget import TimeBudget
@@ -50,7 +51,9 @@ def config_from_dict(d: dict) -> DFlashConfig:
 
 def _fixed(options: dict) -> dict:
     """The fit options a resumed run must keep (the others may change between runs)."""
-    return {k: v for k, v in options.items() if k not in ("save_every", "log_every", "max_steps", "time_budget_s")}
+    full = {**dataclasses.asdict(FitOptions()), **options}  # options added since the checkpoint: defaults
+    return {k: v for k, v in full.items()
+            if k not in ("save_every", "log_every", "max_steps", "time_budget_s", "eval_every")}
 
 
 class _Run:
@@ -68,7 +71,9 @@ class _Run:
         keep = usable(seqs, opts.max_len)
         if not keep:
             raise TrainError(f"corpus {corpus} has no sequence with a response of 2+ tokens")
-        self.seqs = [seqs[i] for i in keep]
+        self.seqs, self.heldout = split([seqs[i] for i in keep], opts.holdout)
+        if self.heldout and opts.eval_every < 1:
+            raise TrainError(f"eval_every must be >= 1 with held-out sequences, got {opts.eval_every}")
         self.cuda = self.device.type == "cuda"
         self.state = load_checkpoint(self.out / CKPT) if (self.out / CKPT).is_file() else None
         source = None if self.state or init_from is None else load_init_source(init_from, target)
@@ -91,6 +96,8 @@ class _Run:
         self.optim = torch.optim.AdamW([{"params": decay, "weight_decay": opts.weight_decay},
                                         {"params": no_decay, "weight_decay": 0.0}], lr=opts.lr, betas=(0.9, 0.95))
         self.step, self.ident = 0, ident
+        self.eval_set = eval_batches(self.heldout, opts.anchors, self.config.block_size, self.config.mask_token_id,
+                                     opts.max_len, opts.batch_tokens, opts.seed)
         if self.state:
             self.drafter.load_state_dict(self.state["model"])
             self.optim.load_state_dict(self.state["optim"])
@@ -137,6 +144,13 @@ class _Run:
             "total_steps": self.total, "corpus_id": corpus_id(self.manifest),
             "target_sha256": self.ident["sha256"], "target_name": self.ident["name"],
             "init_from": self.init_record})
+
+    def evaluate(self, weights) -> dict:
+        """Held-out loss and acceptance proxy at the current step ({} without held-out sequences)."""
+        if not self.eval_set:
+            return {}
+        return evaluate(self.drafter, self.target, self.eval_set, weights, self.config.block_size, self.device,
+                        self.cuda)
 
     def batches(self):
         """(step, Batch) from the current step to the end, deterministically."""
@@ -222,6 +236,11 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
                 log.write(json.dumps({"step": run.step, "loss": lv, "tau": tau, "lr": lr, "total": run.total,
                                       "elapsed_s": round(time.time() - t0, 1)}) + "\n")
                 log.flush()
+            if run.eval_set and (run.step % opts.eval_every == 0 or run.step == run.total):
+                held = run.evaluate(weights)
+                log.write(json.dumps({"step": run.step, **held}) + "\n")
+                log.flush()
+                bar.write(f"step {run.step}: held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}")
             if run.step % opts.save_every == 0:
                 t_save = time.time()
                 run.save()

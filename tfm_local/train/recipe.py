@@ -43,6 +43,9 @@ class FitOptions:
             (None = no limit): the step time is measured as the fit runs and
             the schedule (warmup, cosine) is re-fitted to end within it
             (``timebudget.TimeBudget``).
+        holdout: corpus sequences never trained on (the last ones, ``heldout``);
+            their loss and acceptance proxy are logged every ``eval_every``
+            steps and at the end (0 = none).
     """
 
     epochs: int = 6
@@ -60,6 +63,8 @@ class FitOptions:
     max_steps: int | None = None
     log_every: int = 10
     time_budget_s: float | None = None
+    holdout: int = 0
+    eval_every: int = 100
 
 
 def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:
