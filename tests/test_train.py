@@ -63,6 +63,38 @@ def test_select_prompts_dedup_bounds_seed():
     assert sorted(a) == sorted(b) and a != b
 
 
+def test_select_prompts_later_turns_carry_their_context():
+    convs = [_conv(("system", "Be brief."), ("human", "First question here?"), ("gpt", "Answer one."),
+                   ("human", "ok"),  # under min_chars: skipped, still context for the next turn
+                   ("gpt", "Answer two."), ("human", "Third question here?"), ("gpt", "Answer three.")),
+             _conv(("human", "x" * 500), ("gpt", "long"), ("human", "Follow-up question?"))]
+    one = select_prompts(Selection(seed=0, min_chars=8, max_chars=100), convs)
+    assert one == ["First question here?"]  # turns=1: as before (the second conversation's first turn is too long)
+    many = select_prompts(Selection(seed=0, min_chars=8, max_chars=100, turns=3), convs)
+    assert len(many) == 3 and "First question here?" in many
+    third = next(p for p in many if isinstance(p, list) and p[-1]["content"] == "Third question here?")
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
+    follow = next(p for p in many if isinstance(p, list) and p[-1]["content"] == "Follow-up question?")
+    assert follow[0]["content"] == "x" * 500  # a skipped turn stays in the context
+    assert select_prompts(Selection(seed=0, min_chars=8, max_chars=100, turns=2), convs) != many
+    assert "turns" not in Selection().to_dict() and Selection(turns=3).to_dict()["turns"] == 3
+
+
+def test_chat_tokenizer_renders_a_conversation_prompt(tmp_path):
+    from tfm_local.train.prompts import ChatTokenizer
+
+    target = synth.write_tiny_target(tmp_path / "t.gguf")
+    tok = ChatTokenizer(target)
+    try:
+        single = tok.prompt_ids("What is two plus two?")
+        assert tok.prompt_ids([{"role": "user", "content": "What is two plus two?"}]) == single
+        convo = tok.prompt_ids([{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"},
+                                {"role": "user", "content": "What is two plus two?"}])
+        assert len(convo) > len(single) and convo[-6:] == single[-6:]  # both end with the same last turn
+    finally:
+        tok.close()
+
+
 def _seqs(n, rng, start=0):
     return [Sequence(rng.integers(0, 300, size=int(rng.integers(5, 40))).astype(np.int32), 3, start + i)
             for i in range(n)]
@@ -395,6 +427,22 @@ def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch
     with pytest.raises(TrainError, match="fit options"):
         fit(corpus, target, tmp_path / "h", FitOptions(**{**opts.__dict__, "holdout": 2, "max_steps": 9}),
             drafter_config(target, 1, 32), progress=False)
+
+
+def test_fit_on_several_corpora(smoke, tmp_path):
+    """--corpus A B trains on both (here one corpus twice); the run is tied to that list: resuming with
+    one of them is refused."""
+    from tfm_local.train.fit import drafter_config, fit, load_corpora
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    ident = corpus_mod.target_identity(target)
+    one_id, one = load_corpora(corpus, ident)
+    two_id, two = load_corpora([corpus, corpus], ident)
+    assert len(two) == 2 * len(one) and two_id != one_id and load_corpora([corpus], ident)[0] == one_id
+    fit([corpus, corpus], target, tmp_path / "m", _opts(2), drafter_config(target, 1, 32), progress=False)
+    assert load_checkpoint(tmp_path / "m" / "checkpoint.pt")["corpus_id"] == two_id
+    with pytest.raises(TrainError, match="another target or corpus"):
+        fit(corpus, target, tmp_path / "m", _opts(3), drafter_config(target, 1, 32), progress=False)
 
 
 def _sequences_of(corpus):

@@ -36,6 +36,9 @@ def _selection_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--min-chars", type=int, default=8, help="shortest prompt in characters (default 8)")
     ap.add_argument("--max-chars", type=int, default=6000, help="longest prompt in characters (default 6000)")
     ap.add_argument("--scan-limit", type=int, default=None, help="read only the first N ShareGPT conversations")
+    ap.add_argument("--turns", type=int, default=1,
+                    help="user turns taken per conversation: 1 = the first only (default); N > 1 adds each "
+                         "later turn with the conversation before it as context")
     ap.add_argument("--max-prompt-tokens", type=int, default=1024,
                     help="skip prompts longer than this after the chat template (default 1024)")
 
@@ -43,7 +46,9 @@ def _selection_args(ap: argparse.ArgumentParser) -> None:
 def _selection(args):
     from tfm_local.train.prompts import Selection
 
-    return Selection(args.seed, args.min_chars, args.max_chars, args.scan_limit)
+    if args.turns < 1:
+        raise SystemExit(f"tfm-train: --turns must be >= 1, got {args.turns}")
+    return Selection(args.seed, args.min_chars, args.max_chars, args.scan_limit, args.turns)
 
 
 def cmd_prompts(args) -> None:
@@ -220,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("fit", help="train the drafter (resumable), then export")
-    p.add_argument("--corpus", required=True)
+    p.add_argument("--corpus", required=True, nargs="+", help="corpus folder(s) of the target, trained on together")
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True, help="run folder: checkpoint.pt, log.jsonl, export/")
     p.add_argument("--layers", type=int, default=None, help="drafter layers (default 5)")

