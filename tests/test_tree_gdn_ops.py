@@ -202,6 +202,40 @@ def test_gdn_tree_matches_per_path_recurrence(device, S, kda, kind, N):
     np.testing.assert_array_equal(check_tree_op(device, q, k, v, g, beta, state, parent, n_threads=3), k)
 
 
+_PAIRS_SCRIPT = """
+import hashlib, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_tree_gdn_ops import make_inputs, make_tree
+from tfm_local import tree_ops
+rng = np.random.default_rng(11)
+B, N, H, H_k, S = 2, 96, 6, 2, 128
+parent = np.stack([make_tree("bushy", N, rng), make_tree("ddtree", N, rng)])
+outs = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False), parent, device="gpu")
+print(hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in outs)).hexdigest())
+"""
+
+
+def test_gdn_tree_pairs_kernels_agree_bit_for_bit():
+    """CUDA: patch 0008's pairs kernel (one block per k head) and the first one (one per v head,
+    TFM_CUDA_GDN_PAIRS_PER_VHEAD=1) give identical outputs; each run is its own process (the
+    switch is read once)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _device_or_skip("gpu")
+    if "gpu" not in DEVICES:
+        pytest.skip("no GPU in this build")
+    here = str(Path(__file__).resolve().parent)
+    env = {k: v for k, v in os.environ.items() if k != "TFM_CUDA_GDN_PAIRS_PER_VHEAD"}
+    digests = [subprocess.run([sys.executable, "-c", _PAIRS_SCRIPT, here], env={**env, **extra}, check=True,
+                              capture_output=True, text=True).stdout.split()[-1]
+               for extra in ({}, {"TFM_CUDA_GDN_PAIRS_PER_VHEAD": "1"})]
+    assert digests[0] == digests[1]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kda", [False, True], ids=["scalar-g", "vector-g"])
 def test_gdn_tree_per_sequence_trees_and_broadcasts(device, kda):
