@@ -51,8 +51,9 @@ def gpu_small(device: str, k: int) -> bool:
     (1, 151_936, 8),      # one drafter row (Qwen2.5 vocabulary), as topk_build submits it
     (15, 151_936, 8),     # a whole block at once
     (3, 1_000, 1),        # one block of the kernel, k = 1
+    (4, 151_936, 1),      # k = 1 over a vocabulary
     (4, 5_000, 16),       # two blocks per row, K = 16
-    (2, 3 * 4096 + 5, 9), # a last block of 5 columns
+    (2, 3 * 4096 + 5, 9), # uneven blocks (4 of 3074, 3074, 3074, 3071 columns), K = 16
     (2, 40_000, 32),      # the largest small k
     (2, 300, 40),         # above it: the sort path on CUDA
     (5, 7, 7),            # k = n
@@ -98,3 +99,28 @@ def test_bad_k_is_refused(device):
     for k in (0, 11):
         with pytest.raises(ValueError):
             native.run_op("top_k", [x], max(k, 1), iparam=k, device=device)
+
+
+def argmax(x: np.ndarray, device: str) -> np.ndarray:
+    """int32 (rows,) column ids of ggml_argmax over float32 x (rows, n)."""
+    out = native.run_op("argmax", [np.ascontiguousarray(x, np.float32)], x.shape[0], device=device)
+    return out.view(np.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [100, 151_936])  # 151,936: CUDA takes patch 0007's kernel (rows >= 8,192)
+def test_argmax_returns_the_largest_and_a_fixed_one_of_ties(device, n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((5, n)).astype(np.float32)
+    x[1, [n - 1, 7, n // 2]] = 50.0   # tied maxima
+    x[2, :] = 0.0                     # all tied
+    x[3, n - 1] = 50.0
+    x[4, :] = -np.inf
+    got = argmax(x, device)
+    assert not np.any(got == POISON)
+    first, last = np.argmax(x, axis=1), n - 1 - np.argmax(x[:, ::-1], axis=1)
+    np.testing.assert_array_equal(got[[0, 3]], first[[0, 3]])
+    if device == "cpu":  # upstream's CPU kernel (ggml_vec_argmax_f32) keeps the last of tied maxima
+        np.testing.assert_array_equal(got[[1, 2, 4]], last[[1, 2, 4]])
+    elif n >= 8192:      # patch 0007's: the first, as np.argmax (upstream's CUDA kernel promises no order)
+        np.testing.assert_array_equal(got[[1, 2, 4]], first[[1, 2, 4]])

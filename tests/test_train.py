@@ -77,6 +77,15 @@ def test_select_prompts_later_turns_carry_their_context():
     follow = next(p for p in many if isinstance(p, list) and p[-1]["content"] == "Follow-up question?")
     assert follow[0]["content"] == "x" * 500  # a skipped turn stays in the context
     assert select_prompts(Selection(seed=0, min_chars=8, max_chars=100, turns=2), convs) != many
+    # a conversation's turns stay together, in order, whatever the seed (held-out tails share no context)
+    convs3 = [_conv(*[(r, f"conversation {c} turn {t} {r}") for t in range(3) for r in ("human", "gpt")])
+              for c in range(6)]
+    for seed in range(4):
+        got = select_prompts(Selection(seed=seed, min_chars=8, max_chars=100, turns=3), convs3)
+        keys = [tuple((p if isinstance(p, str) else p[-1]["content"]).split()[1:4:2]) for p in got]  # (conv, turn)
+        assert len(keys) == 18
+        for i in range(0, 18, 3):
+            assert keys[i:i + 3] == [(keys[i][0], t) for t in "012"]
     assert "turns" not in Selection().to_dict() and Selection(turns=3).to_dict()["turns"] == 3
 
 

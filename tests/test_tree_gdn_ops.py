@@ -209,10 +209,13 @@ sys.path.insert(0, sys.argv[1])
 from test_tree_gdn_ops import make_inputs, make_tree
 from tfm_local import tree_ops
 rng = np.random.default_rng(11)
-B, N, H, H_k, S = 2, 96, 6, 2, 128
-parent = np.stack([make_tree("bushy", N, rng), make_tree("ddtree", N, rng)])
-outs = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False), parent, device="gpu")
-print(hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in outs)).hexdigest())
+h = hashlib.sha256()
+# v heads per k head 3, 1 (with q/k shared by both sequences) and 8 (the kernel's largest)
+for B, N, H, H_k, S, B_k in ((2, 96, 6, 2, 128, 2), (2, 64, 4, 4, 64, 1), (1, 128, 16, 2, 128, 1)):
+    parent = np.stack([make_tree(kind, N, rng) for kind in ("bushy", "ddtree")[:B]])
+    outs = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False, B_k=B_k), parent, device="gpu")
+    h.update(b"".join(np.ascontiguousarray(x).tobytes() for x in outs))
+print(h.hexdigest())
 """
 
 

@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 7
+API_VERSION = 8
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -191,7 +191,7 @@ def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # op ids of tfm_test_op (tfm-ext.h)
-TEST_OPS = {"gdn": 0, "gdn_tree": 1, "gdn_commit": 2, "conv": 3, "conv_tree": 4, "conv_commit": 5, "top_k": 6}
+TEST_OPS = {"gdn": 0, "gdn_tree": 1, "gdn_commit": 2, "conv": 3, "conv_tree": 4, "conv_commit": 5, "top_k": 6, "argmax": 7}
 
 
 class OpUnavailable(NativeError):
@@ -237,7 +237,7 @@ def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n
     ``out_size`` must be the result's element count. The result tensor is NaN-filled before the
     run. ``device``: ``"cpu"`` (``n_threads`` threads) or ``"gpu"`` (the first GPU device).
     Raises OpUnavailable when the device is absent or cannot run the op, ValueError on bad arguments
-    (also a wrong ``out_size``). An op with an int32 result (``top_k``) comes back bit for bit in the
+    (also a wrong ``out_size``). An op with an int32 result (``top_k``, ``argmax``) comes back bit for bit in the
     float32 array: read it with ``.view(np.int32)`` (an unwritten element then reads 0x7FC00000).
     """
     ffi, h = lib()

@@ -242,8 +242,8 @@ class Target:
         1..n_batch.
 
         The graph takes an argmax (``ggml_argmax``) per row and nothing over the full row besides.
-        Exactly tied logits: the CPU backend's argmax returns the lowest id, as np.argmax does;
-        CUDA's does not promise an order among them. The engine uses one rule for plain and
+        Exactly tied logits: the CPU backend's argmax returns the highest id (ggml_vec_argmax_f32),
+        np.argmax and CUDA's (patch 0007, vocabulary-long rows) the lowest. The engine uses one rule for plain and
         speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).
         """
         if not 1 <= n_rows <= self.n_batch:

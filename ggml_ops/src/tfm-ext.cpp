@@ -23,7 +23,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 7;
+    return 8;
 }
 
 void tfm_set_layer_inp(llama_context * ctx, uint32_t il, bool value) {
@@ -366,7 +366,7 @@ bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
     }
     ggml_cgraph * gf    = ggml_new_graph_custom(ctx, max_nodes, false);
     ggml_tensor * mat   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
-    topk_config   probe = cfg;
+    topk_config   probe = { cfg.k, cfg.n_vocab, cfg.on_backend, nullptr, nullptr, nullptr };
     llama_sampler_data one  = { ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cfg.n_vocab), nullptr, nullptr, nullptr };
     llama_sampler_data rows = { ggml_view_1d(ctx, mat, cfg.n_vocab, mat->nb[1]), nullptr, nullptr, nullptr };
     for (llama_sampler_data * d : { &one, &rows }) {
@@ -568,6 +568,8 @@ ggml_tensor * test_op_build(ggml_context * ctx, int32_t op, const std::vector<gg
         case TFM_OP_TOP_K:
             return n == 1 && s[0]->type == GGML_TYPE_F32 && iparam >= 1 && iparam <= s[0]->ne[0]
                 ? ggml_top_k(ctx, s[0], iparam) : nullptr;
+        case TFM_OP_ARGMAX:
+            return n == 1 && s[0]->type == GGML_TYPE_F32 && ggml_is_matrix(s[0]) ? ggml_argmax(ctx, s[0]) : nullptr;
         default:
             return nullptr;
     }

@@ -87,6 +87,7 @@ LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n
 //              CONV_COMMIT sx, path; iparam = d_conv        (ggml_ssm_conv_tree_commit)
 //              TOP_K       x; iparam = k                    (ggml_top_k; the result is int32 ids,
 //                                                            copied bit for bit into out)
+//              ARGMAX      x (a matrix)                     (ggml_argmax; int32 ids, as TOP_K)
 //   device : 0 = CPU backend (n_threads threads), 1 = the first GPU device
 //   out    : receives the result, out_n floats (must equal its element count); the result
 //            tensor is filled with NaN before the run, so elements the op leaves unwritten show.
@@ -100,6 +101,7 @@ enum {
     TFM_OP_CONV_TREE   = 4,
     TFM_OP_CONV_COMMIT = 5,
     TFM_OP_TOP_K       = 6,
+    TFM_OP_ARGMAX      = 7,
 };
 LLAMA_API int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                               const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,

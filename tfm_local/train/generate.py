@@ -46,9 +46,9 @@ class LazyPrompts:
         return len(self.texts)
 
     def get(self, rank: int) -> np.ndarray | None:
-        """Tokenize prompt ``rank``; None when over ``max_prompt_tokens``."""
+        """Tokenize prompt ``rank``; None when over ``max_prompt_tokens`` or refused by the template."""
         ids = self.tok.prompt_ids(self.texts[rank])
-        return np.asarray(ids, dtype=np.int32) if len(ids) <= self.max_prompt_tokens else None
+        return np.asarray(ids, dtype=np.int32) if ids is not None and len(ids) <= self.max_prompt_tokens else None
 
 
 class FilePrompts:

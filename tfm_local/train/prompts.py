@@ -106,15 +106,21 @@ def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) 
         from tfm_local.data import iter_sharegpt
 
         conversations = iter_sharegpt(sel.scan_limit)
-    seen, prompts = set(), []
+    seen, groups = set(), []
     for conv in conversations:
+        group = []
         for prompt in turn_prompts(conv, sel.turns, sel.min_chars, sel.max_chars):
             k = _key(prompt)
             if k not in seen:
                 seen.add(k)
-                prompts.append(prompt)
-    order = np.random.default_rng(sel.seed).permutation(len(prompts))
-    return [prompts[i] for i in order]
+                group.append(prompt)
+        if group:
+            groups.append(group)
+    # conversations are shuffled, each one's turns stay together in order (turns = 1: one prompt each, so
+    # this is the per-prompt shuffle of before): a held-out tail of the corpus shares no context with
+    # the training part, except at most one conversation cut at the boundary
+    order = np.random.default_rng(sel.seed).permutation(len(groups))
+    return [p for i in order for p in groups[i]]
 
 
 class ChatTokenizer:
@@ -136,15 +142,19 @@ class ChatTokenizer:
         self.model = Model(target, n_gpu_layers=0)
         self.tok = Tokenizer(self.model)
 
-    def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[dict]) -> list[int] | None:
         """Token ids of a prompt (a user message's text, or chat messages) rendered with the chat
-        template (as ``Engine.prompt_tokens``)."""
-        from tfm_local.tokenizer import render_chat
+        template, as ``Engine.prompt_tokens`` (``encode_chat``: control-token text inside a message
+        stays plain text); None when the template refuses the conversation (e.g. two user turns in a row)."""
+        from tfm_local.tokenizer import ChatTemplateError, encode_chat
 
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        rendered = render_chat(self.model, self.tok, msgs)
-        bos = self.tok.piece(self.tok.bos).decode("utf-8", "replace") if self.tok.bos >= 0 else None
-        return self.tok.encode(rendered, add_special=not (bos and rendered.startswith(bos)))
+        try:
+            return encode_chat(self.model, self.tok, msgs)
+        except ChatTemplateError:
+            if isinstance(prompt, str):
+                raise  # no template at all: every prompt would fail
+            return None
 
     def eog_ids(self) -> list[int]:
         """Every end-of-generation token id of the vocabulary."""
@@ -206,11 +216,12 @@ class PromptFile:
 
 def tokenize_prompts(texts: list[str | list[dict]], tok: ChatTokenizer, max_prompt_tokens: int,
                      progress: bool = False) -> list[np.ndarray | None]:
-    """Chat-templated ids per prompt, None for those longer than ``max_prompt_tokens``."""
+    """Chat-templated ids per prompt, None for those longer than ``max_prompt_tokens`` or refused by
+    the template."""
     from tqdm import tqdm
 
     out = []
     for t in tqdm(texts, desc="tokenize", disable=not progress, unit="prompt"):
         ids = tok.prompt_ids(t)
-        out.append(np.asarray(ids, dtype=np.int32) if len(ids) <= max_prompt_tokens else None)
+        out.append(np.asarray(ids, dtype=np.int32) if ids is not None and len(ids) <= max_prompt_tokens else None)
     return out
