@@ -29,10 +29,11 @@ SHIPPED = {
 
 def _file_key(path: Path) -> str:
     """Cheap identity of a model file (a target, a shipped asset): size + hash of its first and last MiB."""
-    h = hashlib.sha256(str(path.stat().st_size).encode())
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:
         h.update(f.read(1 << 20))
-        f.seek(max(0, path.stat().st_size - (1 << 20)))
+        f.seek(max(0, size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()[:16]
 

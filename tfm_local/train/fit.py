@@ -165,9 +165,7 @@ class _Run:
             "init_from": self.init_record})
 
     def evaluate(self, weights) -> dict:
-        """Held-out loss and acceptance proxy at the current step ({} without held-out sequences)."""
-        if not self.eval_set:
-            return {}
+        """Held-out loss and acceptance proxy at the current step (``heldout.evaluate``)."""
         return evaluate(self.drafter, self.target, self.eval_set, weights, self.config.block_size, self.device,
                         self.cuda)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from .corpus import MANIFEST, Sequence, append_shard, new_manifest, read_manifest, target_identity
 from .errors import TrainError
+from .prompts import bounded_ids
 
 
 class Prompts(Protocol):
@@ -47,8 +48,7 @@ class LazyPrompts:
 
     def get(self, rank: int) -> np.ndarray | None:
         """Tokenize prompt ``rank``; None when over ``max_prompt_tokens`` or refused by the template."""
-        ids = self.tok.prompt_ids(self.texts[rank])
-        return np.asarray(ids, dtype=np.int32) if ids is not None and len(ids) <= self.max_prompt_tokens else None
+        return bounded_ids(self.tok.prompt_ids(self.texts[rank]), self.max_prompt_tokens)
 
 
 class FilePrompts:

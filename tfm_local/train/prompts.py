@@ -78,8 +78,6 @@ def turn_prompts(conversation: dict, turns: int, min_chars: int, max_chars: int)
             break
         if m["content"] and min_chars <= len(m["content"]) <= max_chars:
             out.append(m["content"] if n_user == 1 else msgs[:i + 1])
-        elif n_user == 1 and turns == 1:
-            break
     return out
 
 
@@ -220,8 +218,11 @@ def tokenize_prompts(texts: list[str | list[dict]], tok: ChatTokenizer, max_prom
     the template."""
     from tqdm import tqdm
 
-    out = []
-    for t in tqdm(texts, desc="tokenize", disable=not progress, unit="prompt"):
-        ids = tok.prompt_ids(t)
-        out.append(np.asarray(ids, dtype=np.int32) if ids is not None and len(ids) <= max_prompt_tokens else None)
-    return out
+    return [bounded_ids(tok.prompt_ids(t), max_prompt_tokens)
+            for t in tqdm(texts, desc="tokenize", disable=not progress, unit="prompt")]
+
+
+def bounded_ids(ids: list[int] | None, max_prompt_tokens: int) -> np.ndarray | None:
+    """A prompt's ids as int32, or None when the template refused it (``ids`` None) or it is longer
+    than ``max_prompt_tokens``."""
+    return np.asarray(ids, dtype=np.int32) if ids is not None and len(ids) <= max_prompt_tokens else None
