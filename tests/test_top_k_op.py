@@ -82,9 +82,8 @@ def test_ties_and_infinities(device):
         np.testing.assert_array_equal(ids[1], np.arange(k))
 
 
+@pytest.mark.gpu
 def test_nan_never_beats_a_number_on_the_gpu():
-    if "gpu" not in DEVICES:
-        pytest.skip("no GPU in this build")
     x = np.random.default_rng(9).standard_normal((2, 50_000)).astype(np.float32)
     x[:, ::3] = np.nan
     ids = top_k(x, 8, "gpu")

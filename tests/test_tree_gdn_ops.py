@@ -219,6 +219,7 @@ print(h.hexdigest())
 """
 
 
+@pytest.mark.gpu
 def test_gdn_tree_pairs_kernels_agree_bit_for_bit():
     """CUDA: patch 0008's pairs kernel (one block per k head) and the first one (one per v head,
     TFM_CUDA_GDN_PAIRS_PER_VHEAD=1) give identical outputs; each run is its own process (the
@@ -228,9 +229,6 @@ def test_gdn_tree_pairs_kernels_agree_bit_for_bit():
     import sys
     from pathlib import Path
 
-    _device_or_skip("gpu")
-    if "gpu" not in DEVICES:
-        pytest.skip("no GPU in this build")
     here = str(Path(__file__).resolve().parent)
     env = {k: v for k, v in os.environ.items() if k != "TFM_CUDA_GDN_PAIRS_PER_VHEAD"}
     digests = [subprocess.run([sys.executable, "-c", _PAIRS_SCRIPT, here], env={**env, **extra}, check=True,
