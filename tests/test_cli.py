@@ -179,3 +179,17 @@ def test_bench_without_matplotlib_warns(pair, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["summary"] and not out.with_suffix(".png").exists()
     assert "warning: matplotlib" in r.stderr
+
+
+def test_write_json_is_atomic(tmp_path):
+    """common.write_json replaces the file whole; a document that cannot be written leaves the old one."""
+    from tfm_local.cli.common import write_json
+
+    out = tmp_path / "r.json"
+    write_json(out, {"a": 1})
+    assert json.loads(out.read_text()) == {"a": 1}
+    with pytest.raises(TypeError):
+        write_json(out, {"a": object()})
+    assert json.loads(out.read_text()) == {"a": 1} and not (tmp_path / "r.json.part").exists()
+    write_json(str(out), {"b": [1, 2]})
+    assert json.loads(out.read_text()) == {"b": [1, 2]}

@@ -172,51 +172,59 @@ def check_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int) -> 
     return {"errors": err, "bounds": bounds, "correct": bool(correct)}
 
 
-def time_stats(ms) -> dict[str, float]:
-    """``median_ms`` and ``min_ms`` of per-iteration times in ms (a sequence or array, non-empty)."""
-    return {"median_ms": float(np.median(ms)), "min_ms": float(np.min(ms))}
+def time_stats(ms, ms_repeat=None, n_repeat: int = 1) -> dict[str, float]:
+    """``median_ms`` and ``min_ms`` of per-iteration times in ms (a sequence or array, non-empty); with
+    the times of a graph of ``n_repeat`` >= 2 copies (``ms_repeat``) also ``op_ms``, the op's own time
+    (``native.op_time``: no launch or synchronize)."""
+    out = {"median_ms": float(np.median(ms)), "min_ms": float(np.min(ms))}
+    if ms_repeat is not None:
+        out["op_ms"] = native.op_time(ms, ms_repeat, n_repeat)
+    return out
 
 
-def _summed(per_group: list[np.ndarray]) -> dict[str, float]:
-    """Grouped per-branch time: the sum over groups of each group's median (and of its min)."""
-    return {"median_ms": float(sum(np.median(m) for m in per_group)),
-            "min_ms": float(sum(np.min(m) for m in per_group))}
+def _summed(per_group: list[dict]) -> dict[str, float]:
+    """Grouped per-branch time: the sum over groups of each group's statistics (``time_stats``)."""
+    return {key: float(sum(g[key] for g in per_group)) for key in per_group[0]}
 
 
 def time_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int, n_warmup: int,
-              n_iter: int) -> dict:
+              n_iter: int, n_repeat: int = 1) -> dict:
     """Per-layer times (ms, median and min over ``n_iter``) of a case: ``{"gdn": {tree, branch, padded},
-    "conv": {tree, branch, padded}, "commit": {gdn, conv}}``, each ``{"median_ms", "min_ms"}``."""
+    "conv": {tree, branch, padded}, "commit": {gdn, conv}}``, each ``time_stats`` (with ``op_ms`` when
+    ``n_repeat`` >= 2: each op also timed as a graph of ``n_repeat`` copies)."""
     def bench(op, srcs, iparam=0):
-        return native.bench_op(op, srcs, iparam=iparam, device=device, n_threads=n_threads,
-                               n_warmup=n_warmup, n_iter=n_iter)
+        def run(r):
+            return native.bench_op(op, srcs, iparam=iparam, device=device, n_threads=n_threads,
+                                   n_warmup=n_warmup, n_iter=n_iter, n_repeat=r)
+        return time_stats(run(1), run(n_repeat) if n_repeat > 1 else None, n_repeat)
 
     paths, d = leaf_paths(tree), dims.d_conv
     parent = tree.parents.astype(np.int32)
-    res = {"gdn": {"tree": time_stats(bench("gdn_tree", gdn_srcs(x, parent)))},
-           "conv": {"tree": time_stats(bench("conv_tree", [x["sx"], x["c"], parent.reshape(1, -1)]))}}
-    gdn_ms, conv_ms = [], []
+    res = {"gdn": {"tree": bench("gdn_tree", gdn_srcs(x, parent))},
+           "conv": {"tree": bench("conv_tree", [x["sx"], x["c"], parent.reshape(1, -1)])}}
+    gdn_t, conv_t = [], []
     for length, ps in groups_by_length(paths).items():
         bi = branch_inputs(x, ps, length, d)
-        gdn_ms.append(bench("gdn", gdn_srcs(bi)))
-        conv_ms.append(bench("conv", [bi["sx"], bi["c"]]))
-    res["gdn"]["branch"], res["conv"]["branch"] = _summed(gdn_ms), _summed(conv_ms)
+        gdn_t.append(bench("gdn", gdn_srcs(bi)))
+        conv_t.append(bench("conv", [bi["sx"], bi["c"]]))
+    res["gdn"]["branch"], res["conv"]["branch"] = _summed(gdn_t), _summed(conv_t)
     bi = branch_inputs(x, paths, max(map(len, paths)), d)
-    res["gdn"]["padded"] = time_stats(bench("gdn", gdn_srcs(bi)))
-    res["conv"]["padded"] = time_stats(bench("conv", [bi["sx"], bi["c"]]))
+    res["gdn"]["padded"] = bench("gdn", gdn_srcs(bi))
+    res["conv"]["padded"] = bench("conv", [bi["sx"], bi["c"]])
     _, u, gamma, kc = _gdn_tree(x, parent, device=device, n_threads=n_threads)
     path = np.array([max(paths, key=len)], np.int32)
-    res["commit"] = {"gdn": time_stats(bench("gdn_commit", [x["state"], kc, u, gamma, path])),
-                     "conv": time_stats(bench("conv_commit", [x["sx"], path], d))}
+    res["commit"] = {"gdn": bench("gdn_commit", [x["state"], kc, u, gamma, path]),
+                     "conv": bench("conv_commit", [x["sx"], path], d)}
     return res
 
 
 def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "cpu", n_threads: int = 2,
-             n_warmup: int = 3, n_iter: int = 10) -> dict:
+             n_warmup: int = 3, n_iter: int = 10, n_repeat: int = 1) -> dict:
     """Build a DDTree of ``n_nodes`` nodes and random inputs, check it (``check_case``) and, when correct,
     time it (``time_case``). Returns ``{"nodes", "leaves", "depth", "groups": {length: n_seqs},
     "branch_tokens", "padded_tokens", "check", "times" (absent when incorrect), "speedup": {"gdn", "conv",
-    "gdn_padded", "conv_padded"} (per-branch / tree, medians)}``. Raises native.OpUnavailable when the
+    "gdn_padded", "conv_padded"} (per-branch / tree, medians; with ``n_repeat`` >= 2 also the same four
+    with the suffix ``_op``: ratios of the ops' own times)}``. Raises native.OpUnavailable when the
     device cannot run an op."""
     tree = ddtree(n_nodes, rng)
     paths = leaf_paths(tree)
@@ -227,7 +235,14 @@ def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "
             "check": check_case(x, tree, dims, device, n_threads)}
     if not case["check"]["correct"]:
         return case
-    t = case["times"] = time_case(x, tree, dims, device, n_threads, n_warmup, n_iter)
-    case["speedup"] = {f"{op}{suffix}": t[op][base]["median_ms"] / t[op]["tree"]["median_ms"]
+    t = case["times"] = time_case(x, tree, dims, device, n_threads, n_warmup, n_iter, n_repeat)
+    keys = [("median_ms", "")] + ([("op_ms", "_op")] if n_repeat > 1 else [])
+    case["speedup"] = {f"{op}{suffix}{ksuf}": _ratio(t[op][base][key], t[op]["tree"][key])
+                       for key, ksuf in keys
                        for op in ("gdn", "conv") for base, suffix in (("branch", ""), ("padded", "_padded"))}
     return case
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, NaN when b is not positive (an op time by differences can come out <= 0 in noise)."""
+    return a / b if b > 0 else float("nan")

@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 8
+API_VERSION = 9
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -32,7 +32,7 @@ int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const i
                     float * out, int64_t out_n);
 int32_t tfm_bench_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                      const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
-                     int32_t n_warmup, int32_t n_iter, float * ms_out);
+                     int32_t n_repeat, int32_t n_warmup, int32_t n_iter, float * ms_out);
 """
 
 
@@ -249,22 +249,37 @@ def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n
     return out
 
 
+BENCH_MAX_REPEAT = 64  # TFM_BENCH_MAX_REPEAT of tfm-ext.h
+
+
+def op_time(ms_1: np.ndarray, ms_r: np.ndarray, n_repeat: int) -> float:
+    """The op's own time in ms, without the per-computation launch + synchronize: the difference of the
+    median wall times of a graph of ``n_repeat`` copies (``ms_r``) and of one copy (``ms_1``), per extra
+    copy (:func:`bench_op` with ``n_repeat`` and 1). Raises ValueError for ``n_repeat`` < 2."""
+    if n_repeat < 2:
+        raise ValueError(f"op_time needs n_repeat >= 2, got {n_repeat}")
+    return float((np.median(ms_r) - np.median(ms_1)) / (n_repeat - 1))
+
+
 def bench_op(op: str, srcs, iparam: int = 0, device: str = "cpu", n_threads: int = 2,
-             n_warmup: int = 3, n_iter: int = 10) -> np.ndarray:
+             n_warmup: int = 3, n_iter: int = 10, n_repeat: int = 1) -> np.ndarray:
     """Time one ggml op (``TEST_OPS``) through ``tfm_bench_op``: float32 ``[n_iter]`` wall times in ms.
 
     Sources, ``iparam``, ``device`` and ``n_threads`` as :func:`run_op`. The sources are uploaded
-    once; the one-op graph is then computed ``n_warmup`` times untimed and ``n_iter`` times timed,
-    each computation followed by a backend synchronize (a time covers compute + synchronize, not
-    the upload). Nothing is copied back. Raises ValueError for ``n_warmup`` < 0, ``n_iter`` < 1 or
-    bad sources, OpUnavailable as :func:`run_op`.
+    once; a graph of ``n_repeat`` independent copies of the op over them (1..BENCH_MAX_REPEAT) is
+    then computed ``n_warmup`` times untimed and ``n_iter`` times timed, each computation followed
+    by a backend synchronize (a time covers compute + synchronize of all copies, not the upload).
+    Nothing is copied back. :func:`op_time` turns two repeat counts into the op's own time.
+    Raises ValueError for ``n_warmup`` < 0, ``n_iter`` < 1, ``n_repeat`` outside 1..BENCH_MAX_REPEAT
+    or bad sources, OpUnavailable as :func:`run_op`.
     """
-    if int(n_warmup) < 0 or int(n_iter) < 1:
-        raise ValueError(f"bench_op needs n_warmup >= 0 and n_iter >= 1, got {n_warmup}, {n_iter}")
+    if int(n_warmup) < 0 or int(n_iter) < 1 or not 1 <= int(n_repeat) <= BENCH_MAX_REPEAT:
+        raise ValueError(f"bench_op needs n_warmup >= 0, n_iter >= 1 and n_repeat in 1..{BENCH_MAX_REPEAT}, "
+                         f"got {n_warmup}, {n_iter}, {n_repeat}")
     ffi, h = lib()
     op_id, arrays, ptrs, ne, types, dev = _op_args(ffi, op, srcs, device)
     ms = np.full(int(n_iter), np.nan, dtype=np.float32)
     rc = h.tfm_bench_op(op_id, len(arrays), ptrs, ne, types, int(iparam), dev, int(n_threads),
-                        int(n_warmup), int(n_iter), ffi.from_buffer("float[]", ms))
+                        int(n_repeat), int(n_warmup), int(n_iter), ffi.from_buffer("float[]", ms))
     _check_rc(rc, op, device, "tfm_bench_op")
     return ms

@@ -23,7 +23,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 8;
+    return 9;
 }
 
 void tfm_set_layer_inp(llama_context * ctx, uint32_t il, bool value) {
@@ -597,11 +597,16 @@ struct op_graph {
     }
 };
 
-// Source tensors and the op's result in a no-alloc context; 0, or -1 on bad arguments.
+// Source tensors and n_repeat results of the op over them (independent copies, computed one after
+// another; g.res is the first) in a no-alloc context; 0, or -1 on bad arguments.
 int32_t op_graph_define(op_graph & g, int32_t op, int32_t n_src, const int64_t * ne, const int32_t * types,
-                        int32_t iparam) {
+                        int32_t iparam, int32_t n_repeat) {
+    if (n_repeat < 1 || n_repeat > TFM_BENCH_MAX_REPEAT) {
+        return -1;
+    }
+    const size_t graph_size = 8*((size_t) n_repeat + 1);
     ggml_init_params params = {
-        /*.mem_size   =*/ (size_t) (n_src + 1) * ggml_tensor_overhead() + ggml_graph_overhead_custom(8, false),
+        /*.mem_size   =*/ ((size_t) n_src + graph_size) * ggml_tensor_overhead() + ggml_graph_overhead_custom(graph_size, false),
         /*.mem_buffer =*/ nullptr,
         /*.no_alloc   =*/ true,
     };
@@ -616,12 +621,15 @@ int32_t op_graph_define(op_graph & g, int32_t op, int32_t n_src, const int64_t *
         g.srcs.push_back(ggml_new_tensor_4d(g.ctx, types[i] == 0 ? GGML_TYPE_F32 : GGML_TYPE_I32,
                                             ne[4*i], ne[4*i + 1], ne[4*i + 2], ne[4*i + 3]));
     }
-    g.res = test_op_build(g.ctx, op, g.srcs, iparam);
-    if (g.res == nullptr || (g.res->type != GGML_TYPE_F32 && g.res->type != GGML_TYPE_I32)) {
-        return -1;
+    g.gf = ggml_new_graph_custom(g.ctx, graph_size, false);
+    for (int32_t r = 0; r < n_repeat; ++r) {
+        ggml_tensor * res = test_op_build(g.ctx, op, g.srcs, iparam);
+        if (res == nullptr || (res->type != GGML_TYPE_F32 && res->type != GGML_TYPE_I32)) {
+            return -1;
+        }
+        g.res = r == 0 ? res : g.res;
+        ggml_build_forward_expand(g.gf, res);
     }
-    g.gf = ggml_new_graph_custom(g.ctx, 8, false);
-    ggml_build_forward_expand(g.gf, g.res);
     return 0;
 }
 
@@ -659,11 +667,12 @@ int32_t op_graph_place(op_graph & g, const void * const * src, int32_t device, i
 
 // The graph of the arguments shared by tfm_test_op and tfm_bench_op, ready to compute; 0 or an error code.
 int32_t op_graph_setup(op_graph & g, int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
-                       const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads) {
+                       const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
+                       int32_t n_repeat = 1) {
     if (n_src < 1 || n_src > GGML_MAX_SRC || src == nullptr || ne == nullptr || types == nullptr) {
         return -1;
     }
-    const int32_t rc = op_graph_define(g, op, n_src, ne, types, iparam);
+    const int32_t rc = op_graph_define(g, op, n_src, ne, types, iparam, n_repeat);
     return rc != 0 ? rc : op_graph_place(g, src, device, n_threads);
 }
 
@@ -692,12 +701,12 @@ int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const i
 
 int32_t tfm_bench_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                      const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
-                     int32_t n_warmup, int32_t n_iter, float * ms_out) {
+                     int32_t n_repeat, int32_t n_warmup, int32_t n_iter, float * ms_out) {
     if (ms_out == nullptr || n_warmup < 0 || n_iter < 1) {
         return -1;
     }
     op_graph g;
-    const int32_t rc = op_graph_setup(g, op, n_src, src, ne, types, iparam, device, n_threads);
+    const int32_t rc = op_graph_setup(g, op, n_src, src, ne, types, iparam, device, n_threads, n_repeat);
     if (rc != 0) {
         return rc;
     }

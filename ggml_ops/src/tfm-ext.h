@@ -107,15 +107,20 @@ LLAMA_API int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * sr
                               const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
                               float * out, int64_t out_n);
 
-// Timing entry point (API version 6): the graph of tfm_test_op (same op, sources, iparam, device,
-// n_threads; sources uploaded once, result NaN-filled once) computed n_warmup + n_iter times, each
-// followed by ggml_backend_synchronize; ms_out receives the n_iter measured wall times in
-// milliseconds (std::chrono::steady_clock around compute + synchronize; the warm-up runs are not
-// recorded). Nothing is copied back. Returns 0 on success, -1 on bad arguments (also n_warmup < 0,
-// n_iter < 1, ms_out NULL) or a failed compute, -2 / -3 as tfm_test_op.
+// Timing entry point (API version 9): the graph of tfm_test_op (same op, sources, iparam, device,
+// n_threads; sources uploaded once, the first result NaN-filled once), holding n_repeat independent
+// copies of the op over the same sources (1..TFM_BENCH_MAX_REPEAT; each its own result, computed one
+// after another in one graph), computed n_warmup + n_iter times, each followed by
+// ggml_backend_synchronize; ms_out receives the n_iter measured wall times in milliseconds
+// (std::chrono::steady_clock around compute + synchronize; the warm-up runs are not recorded).
+// With two repeat counts R1 < R2, (t(R2) - t(R1)) / (R2 - R1) is the op's own time, without the
+// graph launch and synchronize that every computation pays once. Nothing is copied back. Returns 0
+// on success, -1 on bad arguments (also n_repeat, n_warmup < 0, n_iter < 1, ms_out NULL) or a
+// failed compute, -2 / -3 as tfm_test_op.
+#define TFM_BENCH_MAX_REPEAT 64
 LLAMA_API int32_t tfm_bench_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                                const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
-                               int32_t n_warmup, int32_t n_iter, float * ms_out);
+                               int32_t n_repeat, int32_t n_warmup, int32_t n_iter, float * ms_out);
 
 #ifdef __cplusplus
 }

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from .common import add_engine_args, engine_from_args, fail, run_record
+from .common import add_engine_args, engine_from_args, fail, run_record, write_json as write_common_json
 
 SHAPES = ("chain", "ddtree", "wide")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
@@ -320,10 +320,7 @@ def write_json(args, table, runs, engine, argv=None) -> None:
                target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
                else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
                summary=table, runs=runs, written=time.time())
-    tmp = args.json + ".part"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, args.json)
+    write_common_json(args.json, doc)
     print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -13,14 +13,13 @@ writes JSON (``--json``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 
 from .. import draft_bench as db
 from .. import pass_bench as pb
-from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record
+from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record, write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -156,8 +155,7 @@ def main(argv=None) -> None:
                "tokens": a.tokens, "variants": a.variants, "feature_layers": layers, "method": pb.METHOD,
                "skipped": skipped, "cases": cases, "drafter": a.drafter, "drafter_method": db.DRAFT_METHOD,
                "drafter_cases": draft_cases}
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(a.json, doc)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,14 @@ verify step emits its accepted draft tokens plus one target token). Prints a tab
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .common import write_json
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 # lines may carry a log prefix ("0.03.256.937 I n_drafted = 1380") when the build logs with timestamps
@@ -107,8 +108,8 @@ def main(argv=None) -> None:
     print(f"{'set':10} {'mode':28} {'tokens':>7} {'tau':>6} {'tok/s':>8}")
     for t in table:
         print(f"{t['set']:10} {t['mode']:28} {t['n_generated']:7d} {t['tau']:6.2f} {t['tokens_per_s']:8.1f}")
-    Path(args.json).write_text(json.dumps(dict(argv=sys.argv, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                               table=table, runs=runs), indent=1))
+    write_json(args.json, dict(argv=sys.argv, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               table=table, runs=runs))
 
 
 if __name__ == "__main__":

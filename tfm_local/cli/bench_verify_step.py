@@ -13,7 +13,6 @@ not timed and makes the exit status 1. Prints a table and writes JSON (``--json`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import numpy as np
 from .. import verify_step as vs
 from ..llm import gpu_available
 from ..synth_hybrid import HybridShape, file_bytes, write_qwen35
-from .common import add_timing_args, device_name, int_list, positive_int, run_record
+from .common import add_timing_args, device_name, int_list, positive_int, run_record, write_json
 
 METHOD = ("tree = Target.verify_tree over the N nodes (logits of all nodes to the host), commit = "
           "commit_tree of the deepest path; per-branch = each root-to-leaf path its own sequence (ids by "
@@ -119,8 +118,7 @@ def main(argv=None) -> None:
                "vocab": meta["model"]["n_vocab"], "dtype": a.dtype if shape else None, "write_s": write_s,
                "ctx": a.ctx, "threads": a.threads, "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
                "accept": a.accept, "tol": a.tol or vs.REL_TOL[device], "method": METHOD, "cases": cases}
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(a.json, doc)
     if not all(c["check"]["correct"] for c in cases):
         print("some tree sizes were not correct (not timed): see the check errors", file=sys.stderr)
         raise SystemExit(1)

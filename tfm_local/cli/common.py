@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import shlex
 import subprocess
@@ -78,6 +80,21 @@ def run_record(argv) -> dict:
     date (UTC, ISO 8601 to the second)."""
     return {"command": shlex.join(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def write_json(path: str | os.PathLike, doc: dict) -> None:
+    """Write ``doc`` as indented JSON to ``path`` atomically (a ``.part`` file beside it, then a rename):
+    a failed or interrupted write leaves any previous file whole (and no ``.part``). Raises OSError, or
+    TypeError / ValueError for a document JSON cannot hold."""
+    tmp = f"{os.fspath(path)}.part"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def budget_arg(text: str) -> int | str:
