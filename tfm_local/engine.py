@@ -269,14 +269,14 @@ class Engine:
         tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None, clock) if drafting else (None, None)
         t1 = clock.t
         if tree is not None and (self.tree_mode != "chain" or not tgt.can_truncate):
-            pick = self._verify_tree(tree, choose)
+            pick = self._verify_tree(tree, choose, clock)
             clock.mark("verify")
             walk = walk_tree(tree.parents, tree.tokens, pick, max_tokens=remaining)
             tgt.commit_tree(walk.path)
             n_nodes, rows = len(tree), tgt.tree_rows(walk.path)
         else:
             tokens = tree.tokens if tree is not None else np.asarray([last])
-            pick = self._verify_chain(tokens, choose)
+            pick = self._verify_chain(tokens, choose, clock)
             clock.mark("verify")
             walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, pick, max_tokens=remaining)
             tgt.commit(len(walk.path), len(tokens))
@@ -299,22 +299,25 @@ class Engine:
             auto.observe_spec(n_nodes, t2 - t1, t1 - t0 + t3 - t2, curve, k, len(walk.tokens) - 1)
         return walk.tokens
 
-    def _verify_chain(self, tokens: np.ndarray, choose: TokenChooser) -> Callable[[int], int]:
+    def _verify_chain(self, tokens: np.ndarray, choose: TokenChooser,
+                      clock: PhaseClock) -> Callable[[int], int]:
         """Verify ``[root, drafts...]`` in one target pass; returns the target's choice per row index
         (the backend argmax's ids in this generation's greedy backend mode, else ``choose`` on the
-        row's logits)."""
+        row's logits). ``clock`` gets the decode call ("submit")."""
+        submit = lambda: clock.mark("submit")  # noqa: E731
         if self._argmax:
-            ids = self.target.verify_argmax(tokens)
+            ids = self.target.verify_argmax(tokens, submit)
             return lambda node: int(ids[node])
-        logits = self.target.verify(tokens)
+        logits = self.target.verify(tokens, submit)
         return lambda node: choose(logits[node])
 
-    def _verify_tree(self, tree: Tree, choose: TokenChooser) -> Callable[[int], int]:
+    def _verify_tree(self, tree: Tree, choose: TokenChooser, clock: PhaseClock) -> Callable[[int], int]:
         """``_verify_chain`` for a draft tree (Target.verify_tree); the choice per node index."""
+        submit = lambda: clock.mark("submit")  # noqa: E731
         if self._argmax:
-            ids = self.target.verify_tree_argmax(tree.tokens, tree.depth, tree.parents)
+            ids = self.target.verify_tree_argmax(tree.tokens, tree.depth, tree.parents, submit)
             return lambda node: int(ids[node])
-        logits = self.target.verify_tree(tree.tokens, tree.depth, tree.parents)
+        logits = self.target.verify_tree(tree.tokens, tree.depth, tree.parents, submit)
         return lambda node: choose(logits[node])
 
     def _draft(self, dft: DFlashDrafter, last: int, pos: int, k: int, k_plan: int,

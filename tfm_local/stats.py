@@ -6,10 +6,12 @@ from dataclasses import asdict, dataclass, field
 
 #: Phases of a decode step timed by ``PhaseClock`` (seconds in ``GenerationStats.t_phases``):
 #: drafter = KV injection + drafting pass(es); tree = building the draft tree (or chain) from the
-#: drafter's candidates; verify = the target pass and reading its results (logits or argmax ids);
+#: drafter's candidates; submit = building the target's batch and the decode call (on a GPU llama.cpp
+#: returns once the pass is launched, so this is host time; on the CPU the pass runs inside it);
+#: verify = waiting for the target pass and reading its results (logits or argmax ids);
 #: accept = the acceptance walk (host argmax / sampling of the visited rows) and the KV commit.
 #: The rest of the decode time (budget choice, the generator, stop strings) is ``t_other_phases``.
-PHASES = ("drafter", "tree", "verify", "accept")
+PHASES = ("drafter", "tree", "submit", "verify", "accept")
 
 
 class PhaseClock:

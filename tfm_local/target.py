@@ -9,6 +9,7 @@ accepted drafts and drops the rest (``seq_rm`` by position, exact for a chain).
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -29,6 +30,12 @@ RECURRENT_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 
 
 MIN_CTX = 32
+
+
+def _submitted(on_submit: Callable[[], None] | None) -> None:
+    """Call a verify method's ``on_submit`` hook, if any."""
+    if on_submit is not None:
+        on_submit()
 
 
 class ContextOverflowError(ValueError):
@@ -154,16 +161,20 @@ class Target:
         self.n_past = len(tokens)
         return len(chunk)
 
-    def verify(self, tokens: list[int]) -> np.ndarray:
+    def verify(self, tokens: list[int], on_submit: Callable[[], None] | None = None) -> np.ndarray:
         """Decode ``[root, drafts...]`` at ``n_past..``; logits ``[len(tokens), n_vocab]`` float32 (a view).
-        Detaches the backend argmax first (``detach_argmax``).
+        Detaches the backend argmax first (``detach_argmax``). ``on_submit`` (every verify method) is
+        called once the decode call has returned, before the results are read (on a GPU the pass may
+        still be running then: the engine's submit / verify time split).
 
         Raises ContextOverflowError if they would run past the context.
         """
         self.detach_argmax()
-        return self.ctx.logits(self._decode_chain(tokens))
+        n = self._decode_chain(tokens)
+        _submitted(on_submit)
+        return self.ctx.logits(n)
 
-    def verify_argmax(self, tokens: list[int]) -> np.ndarray:
+    def verify_argmax(self, tokens: list[int], on_submit: Callable[[], None] | None = None) -> np.ndarray:
         """``verify`` on the backend top-1 sampler: each row's argmax, int32 ``[len(tokens)]``
         (exact ties: see ``attach_argmax``); no logits reach the host.
 
@@ -171,14 +182,17 @@ class Target:
         rows than it was attached for, ContextOverflowError as ``verify``.
         """
         self._check_argmax(len(tokens))
-        return self._read_argmax(0, self._decode_chain(tokens))
+        n = self._decode_chain(tokens)
+        _submitted(on_submit)
+        return self._read_argmax(0, n)
 
     def _decode_chain(self, tokens) -> int:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
         return self.ctx.decode_tokens(tokens, self.n_past, "all")
 
-    def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray,
+                    on_submit: Callable[[], None] | None = None) -> np.ndarray:
         """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order
         (a :class:`NodeRows` view). Detaches the backend argmax first (``detach_argmax``).
 
@@ -191,9 +205,11 @@ class Target:
         """
         self.detach_argmax()
         self._decode_tree(tokens, depth, parents)
+        _submitted(on_submit)
         return NodeRows(self.ctx.logits(len(tokens)), self._tree_row)
 
-    def verify_tree_argmax(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    def verify_tree_argmax(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray,
+                           on_submit: Callable[[], None] | None = None) -> np.ndarray:
         """``verify_tree`` on the backend top-1 sampler: each node's argmax, int32 ``[N]`` in node
         order (exact ties: see ``attach_argmax``); no logits reach the host.
 
@@ -202,6 +218,7 @@ class Target:
         """
         self._check_argmax(len(tokens))
         self._decode_tree(tokens, depth, parents)
+        _submitted(on_submit)
         return self._read_argmax(0, len(tokens))[self._tree_row]
 
     def _decode_tree(self, tokens, depth, parents) -> None:

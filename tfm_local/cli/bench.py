@@ -149,7 +149,7 @@ def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
 
 def phase_ms(rows: list[dict], steps: int) -> dict:
     """Mean wall time per decode step (ms) in each phase of ``tfm_local.stats.PHASES`` (drafter,
-    tree, verify, accept) and ``other`` (the rest of the decode time) over ``rows``; zeros without steps."""
+    tree, submit, verify, accept) and ``other`` (the rest of the decode time) over ``rows``; zeros without steps."""
     from ..stats import PHASES
 
     tot = {p: sum(r["t_phases"][p] for r in rows) for p in PHASES}
@@ -297,12 +297,15 @@ def print_table(table: list[dict]) -> None:
 
 def print_phases(table: list[dict], w: int) -> None:
     """Second table: ms per decode step in each phase (drafter = injection + drafting pass, tree =
-    building the draft, verify = target pass + reading its results, accept = walk + KV commit)."""
-    cols = ("drafter", "tree", "verify", "accept", "other")
+    building the draft, submit = the target's batch and decode call, verify = waiting for the target
+    pass + reading its results, accept = walk + KV commit); a phase missing from an older JSON is 0."""
+    from ..stats import PHASES
+
+    cols = (*PHASES, "other")
     print(f"\n{'ms per step':<{11 + w}} " + " ".join(f"{c:>8}" for c in cols) + f" {'total':>8}")
     for r in table:
         ms = r["ms_per_step"]
-        print(f"{r['set']:<10} {r['mode']:<{w}} " + " ".join(f"{ms[c]:>8.2f}" for c in cols)
+        print(f"{r['set']:<10} {r['mode']:<{w}} " + " ".join(f"{ms.get(c, 0.0):>8.2f}" for c in cols)
               + f" {sum(ms.values()):>8.2f}")
 
 
