@@ -56,3 +56,32 @@ def test_budget_larger_than_tree_and_zero():
     tok, lp = marginals(rng, 2, 2)
     assert len(build_ddtree(0, tok, lp, 100)) == 1 + 2 + 4
     assert len(build_ddtree(0, tok, lp, 0)) == 1
+
+
+@pytest.mark.parametrize("D,K,B", [(15, 8, 16), (15, 8, 64), (3, 2, 100), (1, 1, 5), (4, 3, 0), (15, 1, 15)])
+def test_ddtree_is_wide_with_width_one_exactly(D, K, B):
+    """build_ddtree's own loop gives the same tree as build_wide(width=1), bit for bit, ties included
+    (log-probs rounded to a coarse grid so that equal path scores occur)."""
+    for seed in range(4):
+        tok, lp = marginals(np.random.default_rng(seed), D, K)
+        lp = np.round(lp * 2) / 2 if seed % 2 else lp
+        for lp_in in (lp, lp.astype(np.float32)):
+            a, b = build_ddtree(5, tok, lp_in, B), build_wide(5, tok, lp_in, B, width=1)
+            for name in ("parents", "tokens", "depth", "logp"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert x.dtype == y.dtype and np.array_equal(x, y), (name, seed)
+
+
+def test_chain_matches_the_list_form():
+    """build_chain's arrays equal the from_lists construction it replaces (dtypes included)."""
+    from tfm_local.tree.tree import Tree
+
+    tok, lp = marginals(np.random.default_rng(3), 15, 4)
+    for B in (0, 1, 7, 15, 40):
+        n = min(B, 15)
+        cum = np.cumsum(lp[:n, 0])
+        want = Tree.from_lists(9, [(i, int(tok[i, 0]), float(cum[i])) for i in range(n)])
+        got = build_chain(9, tok, lp, B)
+        for name in ("parents", "tokens", "depth", "logp"):
+            x, y = getattr(got, name), getattr(want, name)
+            assert x.dtype == y.dtype and np.array_equal(x, y), (name, B)

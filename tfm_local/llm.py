@@ -13,6 +13,8 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
+from . import native
+
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8, "bf16": 30}
 
 _backend_ready = False
@@ -148,45 +150,39 @@ class Context:
         self.n_ubatch = n_ubatch
         self.mem = lc.llama_get_memory(self.ptr)
         self._batch = lc.llama_batch_ext_init(self.ptr)
-        self._pos = (ctypes.c_int32 * 4)()
+        self._batch_c = native.batch_handle(self._batch)
 
     # -- batches -------------------------------------------------------------------------
     def decode_tokens(self, tokens, pos0: int, outputs, positions=None, seq_ids=None) -> int:
         """Decode ``tokens`` at positions ``pos0 + i`` (or ``positions[i]``) in sequence 0 (or
         ``seq_ids[i]``); ``outputs`` = per-token bools or "all"/"last".
 
-        Returns the number of output rows. Raises LlamaError on a failed decode.
+        Returns the number of output rows. Raises LlamaError on a failed decode or a token the
+        batch refuses (an id outside the vocabulary, more tokens than the batch holds).
         """
-        b = self._batch
-        lc.llama_batch_ext_clear(b)
-        n = len(tokens)
-        for i, t in enumerate(tokens):
-            idx = lc.llama_batch_ext_add_token(b, 0 if seq_ids is None else int(seq_ids[i]), int(t))
-            if idx < 0:
-                raise LlamaError(f"token {t} rejected by llama.cpp batch (code {idx})")
-            self._pos[0] = pos0 + i if positions is None else int(positions[i])
-            lc.llama_batch_ext_set_pos(b, idx, self._pos)
-            out = outputs == "all" or (outputs == "last" and i == n - 1) or (
-                not isinstance(outputs, str) and outputs[i])
-            if out:
-                lc.llama_batch_ext_set_output_logits(b, idx, True)
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        n = toks.shape[0]
+        pos = (np.arange(pos0, pos0 + n, dtype=np.int32) if positions is None
+               else np.ascontiguousarray(positions, dtype=np.int32))
+        seq = None if seq_ids is None else np.ascontiguousarray(seq_ids, dtype=np.int32)
+        out = None
+        if outputs == "last":
+            out = np.zeros(n, np.int8)
+            out[-1:] = 1
+        elif not isinstance(outputs, str):
+            out = np.ascontiguousarray(outputs, dtype=np.int8)
+        rc = native.batch_tokens(self._batch_c, toks, pos, seq, out)
+        if rc < 0:
+            raise LlamaError(f"a token of {toks[:8].tolist()}{'...' if n > 8 else ''} was refused by llama.cpp's "
+                             f"batch (code {rc}: -1 batch full, -2 invalid token id, -3 invalid sequence)")
         return self._process(n, "tokens")
 
     def decode_embd(self, rows: np.ndarray, pos0: int) -> None:
         """Decode embedding rows ``[n, width]`` float32 at positions ``pos0 + i`` (no outputs)."""
         rows = np.ascontiguousarray(rows, dtype=np.float32)
-        b = self._batch
-        lc.llama_batch_ext_clear(b)
-        base = rows.ctypes.data
-        stride = rows.shape[1] * 4
-        for i in range(rows.shape[0]):
-            e = lc.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)), 1, rows.shape[1])
-            idx = lc.llama_batch_ext_add_embd(b, 0, e)
-            if idx < 0:
-                raise LlamaError(f"embedding row rejected by llama.cpp batch (code {idx})")
-            self._pos[0] = self._pos[1] = self._pos[2] = pos0 + i
-            self._pos[3] = 0
-            lc.llama_batch_ext_set_pos(b, idx, self._pos)
+        rc = native.batch_embd(self._batch_c, rows, pos0)
+        if rc < 0:
+            raise LlamaError(f"embedding rows refused by llama.cpp's batch (code {rc})")
         self._process(rows.shape[0], "embeddings")
 
     def _process(self, n: int, what: str) -> int:

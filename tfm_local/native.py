@@ -23,6 +23,9 @@ void tfm_set_layer_inp(void * ctx, uint32_t il, bool value);
 const float * tfm_get_layer_inp(void * ctx, uint32_t il);
 const int32_t * tfm_model_target_layers(const void * model, uint32_t * n);
 int32_t tfm_model_selector_top_k(const void * model);
+int32_t tfm_batch_tokens(void * batch, int32_t n, const int32_t * tokens, const int32_t * pos,
+                         const int32_t * seq_ids, const int8_t * outputs);
+int32_t tfm_batch_embd(void * batch, int32_t n, const float * rows, int32_t width, int32_t pos0);
 bool tfm_tree_set(void * ctx, const int32_t * parents, uint32_t n_nodes);
 bool tfm_tree_commit(void * ctx, const int32_t * keep, uint32_t n_keep);
 int32_t tfm_topk_attach(void * ctx, int32_t k, int32_t n_rows);
@@ -97,6 +100,36 @@ def model_selector_top_k(model) -> int:
     """DFlash2 path-selector top-k of a drafter model (0 for plain DFlash)."""
     ffi, h = lib()
     return int(h.tfm_model_selector_top_k(ffi.cast("void *", _ptr(model))))
+
+
+def batch_handle(batch):
+    """A cffi pointer to a llama_batch_ext (a ctypes pointer from ``llama_batch_ext_init``), for
+    :func:`batch_tokens` / :func:`batch_embd`; keep the batch alive while it is used."""
+    ffi, _ = lib()
+    return ffi.cast("void *", _ptr(batch))
+
+
+def batch_tokens(batch, tokens: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray | None,
+                 outputs: np.ndarray | None) -> int:
+    """Fill ``batch`` (a :func:`batch_handle`) with ``tokens`` int32 ``[n]`` at positions ``pos`` int32
+    ``[n]``, sequences ``seq_ids`` int32 ``[n]`` (None: 0), output rows where ``outputs`` int8 ``[n]``
+    is non-zero (None: all), in one call (``tfm_batch_tokens``). Returns n, or llama.cpp's negative
+    code for the first refused token (-1 batch full, -2 invalid token, -3 invalid sequence, -4 bad
+    position or arguments). The arrays must be contiguous and of these dtypes."""
+    ffi, h = lib()
+    return h.tfm_batch_tokens(batch, tokens.shape[0], ffi.from_buffer("int32_t[]", tokens),
+                              ffi.from_buffer("int32_t[]", pos),
+                              ffi.NULL if seq_ids is None else ffi.from_buffer("int32_t[]", seq_ids),
+                              ffi.NULL if outputs is None else ffi.from_buffer("int8_t[]", outputs))
+
+
+def batch_embd(batch, rows: np.ndarray, pos0: int) -> int:
+    """Fill ``batch`` (a :func:`batch_handle`) with the embedding rows of ``rows`` float32 ``[n, width]``
+    (C-contiguous; referenced, not copied: keep it alive until the batch is processed) at positions
+    ``pos0 ..`` of sequence 0 (``tfm_batch_embd``). Returns n or llama.cpp's negative code (see
+    :func:`batch_tokens`)."""
+    ffi, h = lib()
+    return h.tfm_batch_embd(batch, rows.shape[0], ffi.from_buffer("float[]", rows), rows.shape[1], int(pos0))
 
 
 def tree_set(ctx, parents) -> None:

@@ -46,6 +46,45 @@ int32_t tfm_model_selector_top_k(const llama_model * model) {
     return llama_model_dflash_selector_top_k(model);
 }
 
+int32_t tfm_batch_tokens(llama_batch_ext * batch, int32_t n, const int32_t * tokens, const int32_t * pos,
+                         const int32_t * seq_ids, const int8_t * outputs) {
+    if (batch == nullptr || n < 0 || (n > 0 && (tokens == nullptr || pos == nullptr))) {
+        return -4;
+    }
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch, seq_ids ? seq_ids[i] : 0, tokens[i]);
+        if (idx < 0) {
+            return idx;
+        }
+        const llama_pos p[4] = {pos[i], 0, 0, 0};
+        if (!llama_batch_ext_set_pos(batch, idx, p) ||
+            ((outputs == nullptr || outputs[i]) && !llama_batch_ext_set_output_logits(batch, idx, true))) {
+            return -4;
+        }
+    }
+    return n;
+}
+
+int32_t tfm_batch_embd(llama_batch_ext * batch, int32_t n, const float * rows, int32_t width, int32_t pos0) {
+    if (batch == nullptr || n < 0 || width < 1 || (n > 0 && rows == nullptr)) {
+        return -4;
+    }
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n; ++i) {
+        const llama_embd e = {rows + (size_t) i*width, 1, (size_t) width};
+        const int32_t idx = llama_batch_ext_add_embd(batch, 0, e);
+        if (idx < 0) {
+            return idx;
+        }
+        const llama_pos p[4] = {pos0 + i, pos0 + i, pos0 + i, 0};
+        if (!llama_batch_ext_set_pos(batch, idx, p)) {
+            return -4;
+        }
+    }
+    return n;
+}
+
 // every attention KV cache of the context's memory (one, base + SWA, or a hybrid's)
 static std::vector<llama_kv_cache *> attention_caches(llama_context * ctx) {
     llama_memory_i * mem = llama_get_memory(ctx);

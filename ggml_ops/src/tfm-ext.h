@@ -34,6 +34,20 @@ LLAMA_API const int32_t * tfm_model_target_layers(const struct llama_model * mod
 // DFlash2 selector top-k (0 when the drafter has no path selector).
 LLAMA_API int32_t tfm_model_selector_top_k(const struct llama_model * model);
 
+// Batch filling in one call (API version 9; the per-token llama_batch_ext_* calls cost ~2 us each
+// from Python). Both clear the batch first.
+// tfm_batch_tokens: n tokens, token i at position pos[i] in sequence seq_ids[i] (seq_ids NULL: 0),
+// an output row when outputs[i] != 0 (outputs NULL: every token).
+// tfm_batch_embd: n embedding rows of sequence 0, row i = rows[i*width .. +width) (not copied: keep
+// rows alive until the batch is processed) at position pos0 + i.
+// Return n, or the negative code of llama_batch_ext_add_token / _add_embd for the first entry it
+// refused (-1 batch full, -2 invalid token or embedding, -3 invalid sequence), -4 on bad arguments
+// or a refused position or output flag.
+LLAMA_API int32_t tfm_batch_tokens(struct llama_batch_ext * batch, int32_t n, const int32_t * tokens,
+                                   const int32_t * pos, const int32_t * seq_ids, const int8_t * outputs);
+LLAMA_API int32_t tfm_batch_embd(struct llama_batch_ext * batch, int32_t n, const float * rows, int32_t width,
+                                 int32_t pos0);
+
 // Tree mode (single sequence). Declare that the next decode is a draft tree of n_nodes
 // tokens: node i at position P + depth(i), parents[i] < i (-1 = child of the committed
 // prefix, i.e. a root); each node attends to the committed cells and to its ancestors only.

@@ -28,14 +28,39 @@ Rescore = Callable[[Tree, list[tuple[int, int, int]]], np.ndarray]
 
 def build_chain(root: int, cand_tokens: np.ndarray, cand_logp: np.ndarray, budget: int) -> Tree:
     """The top-1 chain of ``min(budget, D)`` drafts."""
-    n = min(budget, cand_tokens.shape[0])
-    lp = np.cumsum(cand_logp[:n, 0])
-    return Tree.from_lists(root, [(i, int(cand_tokens[i, 0]), float(lp[i])) for i in range(n)])
+    n = max(min(budget, cand_tokens.shape[0]), 0)
+    tokens = np.empty(n + 1, np.int32)
+    tokens[0], tokens[1:] = root, cand_tokens[:n, 0]
+    logp = np.zeros(n + 1, np.float64)
+    logp[1:] = np.cumsum(cand_logp[:n, 0])
+    return Tree(np.arange(-1, n, dtype=np.int32), tokens, np.arange(n + 1, dtype=np.int32), logp)
 
 
 def build_ddtree(root: int, cand_tokens: np.ndarray, cand_logp: np.ndarray, budget: int) -> Tree:
-    """Best-first tree of ``budget`` drafted nodes by path log-probability (DDTree)."""
-    return build_wide(root, cand_tokens, cand_logp, budget, width=1)
+    """Best-first tree of ``budget`` drafted nodes by path log-probability (DDTree).
+
+    The same tree as ``build_wide(..., width=1)`` (one pop per step, same heap entries and order),
+    in a loop without the per-step lists of the w-wide builder: it runs on every decode step.
+    """
+    D, K = cand_tokens.shape
+    tokens, logp = cand_tokens.tolist(), cand_logp.tolist()
+    parents, toks, depth, path_logp = [-1], [int(root)], [0], [0.0]
+    heap: list[tuple[float, int, int, int]] = []  # (-score, parent, d, k), as build_wide's
+    if D and K and budget > 0:
+        heap.append((-float(logp[0][0]), 0, 0, 0))
+    while heap and len(parents) <= budget:
+        neg, parent, d, k = heapq.heappop(heap)
+        node = len(parents)
+        parents.append(parent)
+        toks.append(int(tokens[d][k]))
+        depth.append(d + 1)
+        path_logp.append(-neg)
+        if k + 1 < K:  # next sibling under the same parent
+            heapq.heappush(heap, (-(path_logp[parent] + logp[d][k + 1]), parent, d, k + 1))
+        if d + 1 < D:  # first child of the new node
+            heapq.heappush(heap, (-(-neg + logp[d + 1][0]), node, d + 1, 0))
+    return Tree(np.array(parents, np.int32), np.array(toks, np.int32), np.array(depth, np.int32),
+                np.array(path_logp, np.float64))
 
 
 def build_wide(root: int, cand_tokens: np.ndarray, cand_logp: np.ndarray, budget: int, width: int = 4,
@@ -46,15 +71,16 @@ def build_wide(root: int, cand_tokens: np.ndarray, cand_logp: np.ndarray, budget
     width 1 and no rescore this is exactly DDTree's best-first order.
     """
     D, K = cand_tokens.shape
+    tokens, logp = cand_tokens.tolist(), cand_logp.tolist()  # Python scalars: ~3x faster than numpy indexing
     nodes: list[tuple[int, int, float]] = []  # (parent, token, path logp)
     node_logp = [0.0]
     heap: list[tuple[float, int, int, int]] = []  # (-score, parent, d, k)
     if D and K and budget > 0:
-        heapq.heappush(heap, (-float(cand_logp[0, 0]), 0, 0, 0))
+        heapq.heappush(heap, (-float(logp[0][0]), 0, 0, 0))
     while heap and len(nodes) < budget:
         step = [heapq.heappop(heap) for _ in range(min(width, len(heap), budget - len(nodes)))]
         for neg, parent, d, k in step:
-            nodes.append((parent, int(cand_tokens[d, k]), -neg))
+            nodes.append((parent, int(tokens[d][k]), -neg))
             node_logp.append(-neg)
         pushes = []
         first = len(nodes) - len(step) + 1  # node index of step[0]
@@ -64,16 +90,18 @@ def build_wide(root: int, cand_tokens: np.ndarray, cand_logp: np.ndarray, budget
                 pushes.append((parent, d, k + 1))
             if d + 1 < D:  # first child of the new node
                 pushes.append((node, d + 1, 0))
-        scores = _scores(pushes, node_logp, cand_logp, rescore, root, nodes)
+        scores = _scores(pushes, node_logp, logp, rescore, root, nodes)
         for (parent, d, k), s in zip(pushes, scores):
             heapq.heappush(heap, (-float(s), parent, d, k))
     return Tree.from_lists(root, nodes)
 
 
-def _scores(pushes, node_logp, cand_logp, rescore, root, nodes) -> list[float]:
+def _scores(pushes, node_logp, logp, rescore, root, nodes) -> list[float]:
+    """Scores of the pushed frontier entries: the rescorer's, else parent path logp + the candidate's
+    (``logp`` the marginals as nested lists)."""
     if rescore is not None and pushes:
         return list(rescore(Tree.from_lists(root, nodes), pushes))
-    return [node_logp[p] + float(cand_logp[d, k]) for p, d, k in pushes]
+    return [node_logp[p] + logp[d][k] for p, d, k in pushes]
 
 
 BUILDERS = {"chain": build_chain, "ddtree": build_ddtree, "wide": build_wide}
