@@ -203,38 +203,57 @@ def test_gdn_tree_matches_per_path_recurrence(device, S, kda, kind, N):
 
 
 _PAIRS_SCRIPT = """
-import hashlib, sys
+import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from test_tree_gdn_ops import make_inputs, make_tree
 from tfm_local import tree_ops
 rng = np.random.default_rng(11)
-h = hashlib.sha256()
+parts = []
 # v heads per k head 3, 1 (with q/k shared by both sequences) and 8 (the kernel's largest)
 for B, N, H, H_k, S, B_k in ((2, 96, 6, 2, 128, 2), (2, 64, 4, 4, 64, 1), (1, 128, 16, 2, 128, 1)):
     parent = np.stack([make_tree(kind, N, rng) for kind in ("bushy", "ddtree")[:B]])
     outs = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False, B_k=B_k), parent, device="gpu")
-    h.update(b"".join(np.ascontiguousarray(x).tobytes() for x in outs))
-print(h.hexdigest())
+    parts += [np.ascontiguousarray(x, np.float32).ravel() for x in outs]
+np.save(sys.argv[2], np.concatenate(parts))
 """
 
 
-@pytest.mark.gpu
-def test_gdn_tree_pairs_kernels_agree_bit_for_bit():
-    """CUDA: patch 0008's pairs kernel (one block per k head) and the first one (one per v head,
-    TFM_CUDA_GDN_PAIRS_PER_VHEAD=1) give identical outputs; each run is its own process (the
-    switch is read once)."""
+def _gpu_outputs_under(env_extra: dict, tmp_path, name: str) -> np.ndarray:
+    """The tree op's outputs on the GPU for the cases of _PAIRS_SCRIPT, computed in a process of its
+    own with ``env_extra`` set (the CUDA switches are read once per process), concatenated."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     here = str(Path(__file__).resolve().parent)
-    env = {k: v for k, v in os.environ.items() if k != "TFM_CUDA_GDN_PAIRS_PER_VHEAD"}
-    digests = [subprocess.run([sys.executable, "-c", _PAIRS_SCRIPT, here], env={**env, **extra}, check=True,
-                              capture_output=True, text=True).stdout.split()[-1]
-               for extra in ({}, {"TFM_CUDA_GDN_PAIRS_PER_VHEAD": "1"})]
-    assert digests[0] == digests[1]
+    out = tmp_path / f"{name}.npy"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFM_CUDA_GDN_")}
+    subprocess.run([sys.executable, "-c", _PAIRS_SCRIPT, here, str(out)], env={**env, **env_extra}, check=True,
+                   capture_output=True, text=True)
+    return np.load(out)
+
+
+@pytest.mark.gpu
+def test_gdn_tree_pairs_kernels_agree_bit_for_bit(tmp_path):
+    """CUDA: patch 0008's pairs kernel (one block per k head) and the first one (one per v head,
+    TFM_CUDA_GDN_PAIRS_PER_VHEAD=1) give identical outputs."""
+    a = _gpu_outputs_under({}, tmp_path, "khead")
+    b = _gpu_outputs_under({"TFM_CUDA_GDN_PAIRS_PER_VHEAD": "1"}, tmp_path, "vhead")
+    assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.gpu
+def test_gdn_tree_solve_sums_agree(tmp_path):
+    """CUDA: patch 0010's solve kernel (four partial sums per ancestor sum) and the in-order one
+    (TFM_CUDA_GDN_SOLVE_SERIAL=1) agree to float32 rounding; and a kernel run twice by the timing
+    switch (TFM_CUDA_GDN_TREE_TWICE, patch 0009) gives the same outputs bit for bit."""
+    ilp = _gpu_outputs_under({}, tmp_path, "ilp")
+    serial = _gpu_outputs_under({"TFM_CUDA_GDN_SOLVE_SERIAL": "1"}, tmp_path, "serial")
+    assert rel_err(ilp, serial) < 1e-6
+    twice = _gpu_outputs_under({"TFM_CUDA_GDN_TREE_TWICE": "pairs,state,solve"}, tmp_path, "twice")
+    assert twice.tobytes() == ilp.tobytes()
 
 
 @pytest.mark.parametrize("device", DEVICES)
