@@ -11,15 +11,44 @@ import os
 import pytest
 
 
+def _no_skip() -> bool:
+    return os.environ.get("TFM_NO_SKIP") == "1"
+
+
+def _skip_reason(longrepr) -> str:
+    """The message of a skip report (its longrepr is (path, line, message) or text)."""
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under TFM_NO_SKIP=1 turn a skip into a failure while the report is made, so every reporter
-    (progress, summary, exit status) sees the same outcome."""
+    """Under TFM_NO_SKIP=1 turn a skip (test body, fixture, skip marker) into a failure while the
+    report is made, so every reporter (progress, summary, exit status) sees the same outcome."""
     outcome = yield
     report = outcome.get_result()
-    if os.environ.get("TFM_NO_SKIP") == "1" and report.skipped and not hasattr(report, "wasxfail"):
+    if _no_skip() and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
-        report.longrepr = f"skipped under TFM_NO_SKIP=1: {report.longrepr}"
+        report.longrepr = f"skipped under TFM_NO_SKIP=1: {_skip_reason(report.longrepr)}"
+
+
+_collection_skips: list[str] = []
+
+
+def pytest_collectreport(report):
+    """Remember modules skipped while collected (a module-level importorskip or skip)."""
+    if _no_skip() and report.skipped:
+        _collection_skips.append(f"{report.nodeid}: {_skip_reason(report.longrepr)}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _collection_skips:
+        terminalreporter.write_line(f"FAILED (skipped module under TFM_NO_SKIP=1) {line}", red=True)
+
+
+def pytest_sessionfinish(session):
+    """A module skipped at collection fails the run under TFM_NO_SKIP=1 (its tests never ran)."""
+    if _collection_skips and session.exitstatus == 0:
+        session.exitstatus = 1
 
 
 def pytest_collection_modifyitems(config, items):

@@ -51,6 +51,12 @@ def test_bench_op_repeat_computes_the_copies():
     assert 0 < native.op_time(one, many, 16) < np.median(many)
 
 
+def test_speedup_ratio_is_undefined_for_non_positive_times():
+    assert gdn_bench._ratio(2.0, 0.5) == 4.0
+    assert gdn_bench._ratio(2.0, 0.0) is None and gdn_bench._ratio(-1.0, 0.5) is None
+    assert bench_gdn._x(None) == "-" and bench_gdn._x(3.456) == "3.46x"
+
+
 def test_op_time_is_the_difference_per_extra_copy():
     assert native.op_time(np.array([1.0, 1.2, 1.1]), np.array([5.1, 5.0, 5.2]), 5) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="n_repeat"):
@@ -134,8 +140,11 @@ def test_cli_repeat_reports_op_times(tmp_path, capsys):
     for op in ("gdn", "conv"):
         for kind in ("tree", "branch", "padded"):
             assert np.isfinite(case["times"][op][kind]["op_ms"])
-    branch = case["times"]["gdn"]["branch"]["op_ms"]
-    assert case["speedup"]["gdn_op"] == pytest.approx(branch / case["times"]["gdn"]["tree"]["op_ms"])
+    # microsecond ops timed 3 times on a shared CPU: an op time by differences may come out <= 0,
+    # its ratio is then None (JSON null, "-" in the table)
+    branch, tree = case["times"]["gdn"]["branch"]["op_ms"], case["times"]["gdn"]["tree"]["op_ms"]
+    want = branch / tree if branch > 0 and tree > 0 else None
+    assert case["speedup"]["gdn_op"] == (pytest.approx(want) if want else None)
     assert {"gdn_op", "gdn_padded_op", "conv_op", "conv_padded_op"} <= set(case["speedup"])
     assert "op's own ms" in capsys.readouterr().out
 

@@ -209,30 +209,36 @@ sys.path.insert(0, sys.argv[1])
 from test_tree_gdn_ops import make_inputs, make_tree
 from tfm_local import tree_ops
 rng = np.random.default_rng(11)
-parts = []
-# v heads per k head 3, 1 (with q/k shared by both sequences) and 8 (the kernel's largest)
-for B, N, H, H_k, S, B_k in ((2, 96, 6, 2, 128, 2), (2, 64, 4, 4, 64, 1), (1, 128, 16, 2, 128, 1)):
-    parent = np.stack([make_tree(kind, N, rng) for kind in ("bushy", "ddtree")[:B]])
-    outs = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False, B_k=B_k), parent, device="gpu")
-    parts += [np.ascontiguousarray(x, np.float32).ravel() for x in outs]
-np.save(sys.argv[2], np.concatenate(parts))
+outs = {}
+# v heads per k head 3, 1 (with q/k shared by both sequences) and 8 (the kernel's largest); the last
+# case: paths of 20-40 nodes and a 60-node chain (ancestor sums of 17-32 entries in registers, the rest
+# from the scratch)
+for c, (B, N, H, H_k, S, B_k, kinds, depth) in enumerate((
+        (2, 96, 6, 2, 128, 2, ("bushy", "ddtree"), 16), (2, 64, 4, 4, 64, 1, ("bushy", "ddtree"), 16),
+        (1, 128, 16, 2, 128, 1, ("ddtree",), 16), (2, 60, 6, 2, 64, 1, ("deep", "chain"), 40))):
+    parent = np.stack([make_tree(kind, N, rng, max_depth=depth) for kind in kinds])
+    res = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False, B_k=B_k), parent, device="gpu")
+    outs.update({f"{c}_{name}": np.asarray(x, np.float32) for name, x in zip(("o", "u", "gamma", "k"), res)})
+np.savez(sys.argv[2], **outs)
 """
 
 
-def _gpu_outputs_under(env_extra: dict, tmp_path, name: str) -> np.ndarray:
-    """The tree op's outputs on the GPU for the cases of _PAIRS_SCRIPT, computed in a process of its
-    own with ``env_extra`` set (the CUDA switches are read once per process), concatenated."""
+def _gpu_outputs_under(env_extra: dict, tmp_path, name: str) -> dict[str, np.ndarray]:
+    """The tree op's outputs (o, u, gamma, k per case) on the GPU for the cases of _PAIRS_SCRIPT,
+    computed in a process of its own with ``env_extra`` set (the CUDA switches are read once per
+    process)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     here = str(Path(__file__).resolve().parent)
-    out = tmp_path / f"{name}.npy"
+    out = tmp_path / f"{name}.npz"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFM_CUDA_GDN_")}
     subprocess.run([sys.executable, "-c", _PAIRS_SCRIPT, here, str(out)], env={**env, **env_extra}, check=True,
                    capture_output=True, text=True)
-    return np.load(out)
+    with np.load(out) as z:
+        return dict(z)
 
 
 @pytest.mark.gpu
@@ -241,7 +247,7 @@ def test_gdn_tree_pairs_kernels_agree_bit_for_bit(tmp_path):
     TFM_CUDA_GDN_PAIRS_PER_VHEAD=1) give identical outputs."""
     a = _gpu_outputs_under({}, tmp_path, "khead")
     b = _gpu_outputs_under({"TFM_CUDA_GDN_PAIRS_PER_VHEAD": "1"}, tmp_path, "vhead")
-    assert a.tobytes() == b.tobytes()
+    assert a.keys() == b.keys() and all(a[key].tobytes() == b[key].tobytes() for key in a)
 
 
 @pytest.mark.gpu
@@ -251,9 +257,11 @@ def test_gdn_tree_solve_sums_agree(tmp_path):
     switch (TFM_CUDA_GDN_TREE_TWICE, patch 0009) gives the same outputs bit for bit."""
     ilp = _gpu_outputs_under({}, tmp_path, "ilp")
     serial = _gpu_outputs_under({"TFM_CUDA_GDN_SOLVE_SERIAL": "1"}, tmp_path, "serial")
-    assert rel_err(ilp, serial) < 1e-6
+    assert ilp.keys() == serial.keys()
+    for key in ilp:  # o and u per case: only the summation order differs
+        assert rel_err(ilp[key], serial[key]) < 1e-6, key
     twice = _gpu_outputs_under({"TFM_CUDA_GDN_TREE_TWICE": "pairs,state,solve"}, tmp_path, "twice")
-    assert twice.tobytes() == ilp.tobytes()
+    assert all(twice[key].tobytes() == ilp[key].tobytes() for key in ilp)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -224,7 +224,7 @@ def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "
     time it (``time_case``). Returns ``{"nodes", "leaves", "depth", "groups": {length: n_seqs},
     "branch_tokens", "padded_tokens", "check", "times" (absent when incorrect), "speedup": {"gdn", "conv",
     "gdn_padded", "conv_padded"} (per-branch / tree, medians; with ``n_repeat`` >= 2 also the same four
-    with the suffix ``_op``: ratios of the ops' own times)}``. Raises native.OpUnavailable when the
+    with the suffix ``_op``: ratios of the ops' own times, None where one came out <= 0)}``. Raises native.OpUnavailable when the
     device cannot run an op."""
     tree = ddtree(n_nodes, rng)
     paths = leaf_paths(tree)
@@ -243,6 +243,6 @@ def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "
     return case
 
 
-def _ratio(a: float, b: float) -> float:
-    """a / b, NaN when b is not positive (an op time by differences can come out <= 0 in noise)."""
-    return a / b if b > 0 else float("nan")
+def _ratio(a: float, b: float) -> float | None:
+    """a / b; None when either is not positive (an op time by differences can come out <= 0 in noise)."""
+    return a / b if a > 0 and b > 0 else None

@@ -157,8 +157,9 @@ class Context:
         """Decode ``tokens`` at positions ``pos0 + i`` (or ``positions[i]``) in sequence 0 (or
         ``seq_ids[i]``); ``outputs`` = per-token bools or "all"/"last".
 
-        Returns the number of output rows. Raises LlamaError on a failed decode or a token the
-        batch refuses (an id outside the vocabulary, more tokens than the batch holds).
+        Returns the number of tokens decoded. Raises LlamaError on a failed decode or a token the
+        batch refuses (an id outside the vocabulary, more tokens than the batch holds), ValueError
+        for another ``outputs`` string or ``positions`` / ``seq_ids`` / ``outputs`` of another length.
         """
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         n = toks.shape[0]
@@ -166,15 +167,18 @@ class Context:
                else np.ascontiguousarray(positions, dtype=np.int32))
         seq = None if seq_ids is None else np.ascontiguousarray(seq_ids, dtype=np.int32)
         out = None
-        if outputs == "last":
-            out = np.zeros(n, np.int8)
-            out[-1:] = 1
-        elif not isinstance(outputs, str):
+        if isinstance(outputs, str):
+            if outputs not in ("all", "last"):
+                raise ValueError(f'outputs must be "all", "last" or per-token bools, got {outputs!r}')
+            if outputs == "last":
+                out = np.zeros(n, np.int8)
+                out[-1:] = 1
+        else:
             out = np.ascontiguousarray(outputs, dtype=np.int8)
         rc = native.batch_tokens(self._batch_c, toks, pos, seq, out)
         if rc < 0:
             raise LlamaError(f"a token of {toks[:8].tolist()}{'...' if n > 8 else ''} was refused by llama.cpp's "
-                             f"batch (code {rc}: -1 batch full, -2 invalid token id, -3 invalid sequence)")
+                             f"batch (code {rc}: -1 batch full, -2 invalid token id, -3 invalid sequence, -4 bad position)")
         return self._process(n, "tokens")
 
     def decode_embd(self, rows: np.ndarray, pos0: int) -> None:

@@ -115,7 +115,14 @@ def batch_tokens(batch, tokens: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray
     ``[n]``, sequences ``seq_ids`` int32 ``[n]`` (None: 0), output rows where ``outputs`` int8 ``[n]``
     is non-zero (None: all), in one call (``tfm_batch_tokens``). Returns n, or llama.cpp's negative
     code for the first refused token (-1 batch full, -2 invalid token, -3 invalid sequence, -4 bad
-    position or arguments). The arrays must be contiguous and of these dtypes."""
+    position or arguments). Raises ValueError unless every array is a C-contiguous 1-D array of its
+    dtype and length n (the C side reads n entries of each)."""
+    for name, arr, dt in (("tokens", tokens, np.int32), ("pos", pos, np.int32), ("seq_ids", seq_ids, np.int32),
+                          ("outputs", outputs, np.int8)):
+        if arr is not None and (arr.dtype != dt or arr.ndim != 1 or arr.shape[0] != tokens.shape[0]
+                                or not arr.flags.c_contiguous):
+            raise ValueError(f"batch_tokens: {name} must be a contiguous {np.dtype(dt)} array of "
+                             f"{tokens.shape[0]} entries, got {arr.dtype} {arr.shape}")
     ffi, h = lib()
     return h.tfm_batch_tokens(batch, tokens.shape[0], ffi.from_buffer("int32_t[]", tokens),
                               ffi.from_buffer("int32_t[]", pos),
@@ -125,9 +132,11 @@ def batch_tokens(batch, tokens: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray
 
 def batch_embd(batch, rows: np.ndarray, pos0: int) -> int:
     """Fill ``batch`` (a :func:`batch_handle`) with the embedding rows of ``rows`` float32 ``[n, width]``
-    (C-contiguous; referenced, not copied: keep it alive until the batch is processed) at positions
-    ``pos0 ..`` of sequence 0 (``tfm_batch_embd``). Returns n or llama.cpp's negative code (see
-    :func:`batch_tokens`)."""
+    (copied into the batch) at positions ``pos0 ..`` of sequence 0 (``tfm_batch_embd``). Returns n or
+    llama.cpp's negative code (see :func:`batch_tokens`). Raises ValueError unless ``rows`` is a
+    C-contiguous float32 matrix."""
+    if rows.dtype != np.float32 or rows.ndim != 2 or not rows.flags.c_contiguous:
+        raise ValueError(f"batch_embd: rows must be a contiguous float32 matrix, got {rows.dtype} {rows.shape}")
     ffi, h = lib()
     return h.tfm_batch_embd(batch, rows.shape[0], ffi.from_buffer("float[]", rows), rows.shape[1], int(pos0))
 

@@ -38,8 +38,8 @@ LLAMA_API int32_t tfm_model_selector_top_k(const struct llama_model * model);
 // from Python). Both clear the batch first.
 // tfm_batch_tokens: n tokens, token i at position pos[i] in sequence seq_ids[i] (seq_ids NULL: 0),
 // an output row when outputs[i] != 0 (outputs NULL: every token).
-// tfm_batch_embd: n embedding rows of sequence 0, row i = rows[i*width .. +width) (not copied: keep
-// rows alive until the batch is processed) at position pos0 + i.
+// tfm_batch_embd: n embedding rows of sequence 0, row i = rows[i*width .. +width) (copied into the
+// batch) at position pos0 + i.
 // Return n, or the negative code of llama_batch_ext_add_token / _add_embd for the first entry it
 // refused (-1 batch full, -2 invalid token or embedding, -3 invalid sequence), -4 on bad arguments
 // or a refused position or output flag.
@@ -128,9 +128,10 @@ LLAMA_API int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * sr
 // ggml_backend_synchronize; ms_out receives the n_iter measured wall times in milliseconds
 // (std::chrono::steady_clock around compute + synchronize; the warm-up runs are not recorded).
 // With two repeat counts R1 < R2, (t(R2) - t(R1)) / (R2 - R1) is the op's own time, without the
-// graph launch and synchronize that every computation pays once. Nothing is copied back. Returns 0
-// on success, -1 on bad arguments (also n_repeat, n_warmup < 0, n_iter < 1, ms_out NULL) or a
-// failed compute, -2 / -3 as tfm_test_op.
+// graph launch and synchronize that every computation pays once (the copies read the same inputs,
+// so they run cache-warm). Each copy has its own result buffer: n_repeat times the result's memory.
+// Nothing is copied back. Returns 0 on success, -1 on bad arguments (also n_repeat, n_warmup < 0,
+// n_iter < 1, ms_out NULL), a failed allocation or a failed compute, -2 / -3 as tfm_test_op.
 #define TFM_BENCH_MAX_REPEAT 64
 LLAMA_API int32_t tfm_bench_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                                const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,

@@ -60,6 +60,11 @@ def _row(cells, widths) -> str:
     return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
 
 
+def _x(ratio: float | None) -> str:
+    """A speedup as printed ("-" when undefined: an op time by differences <= 0)."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 def print_tables(cases: list[dict], layers: int) -> None:
     """The per-layer medians (ms) of every timed case: GDN, conv (calls, and the ops' own times when
     timed with --repeat), commits."""
@@ -74,7 +79,7 @@ def print_tables(cases: list[dict], layers: int) -> None:
                     t, s = c["times"][op], c["speedup"]
                     print(_row((c["nodes"], c["leaves"], c["depth"], f"{t['tree'][key]:.4f}",
                                 f"{t['branch'][key]:.4f}", f"{t['padded'][key]:.4f}",
-                                f"{s[op + ksuf]:.2f}x", f"{s[op + '_padded' + ksuf]:.2f}x"), w))
+                                _x(s[op + ksuf]), _x(s[op + '_padded' + ksuf])), w))
                 else:
                     print(_row((c["nodes"], c["leaves"], c["depth"], "INCORRECT", "-", "-", "-", "-"), w))
     print("\ncommit (deepest path): per layer, median ms")
@@ -119,7 +124,7 @@ def main(argv=None) -> None:
     if bar:
         print(f"\nbar: gdn speedup at {BAR_NODES} nodes {bar['speedup']:.2f}x (required >= {BAR_SPEEDUP}x): "
               f"{'met' if bar['met'] else 'NOT met'}"
-              + (f"; ops' own times {bar['speedup_op']:.2f}x" if "speedup_op" in bar else ""))
+              + (f"; ops' own times {_x(bar['speedup_op'])}" if "speedup_op" in bar else ""))
     if a.json:
         doc = {**run_record(argv), "device": a.device, "device_name": device_name(a.device),
                "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "warmup": a.warmup, "seed": a.seed,
