@@ -9,7 +9,6 @@ commits, feature copies. Per mode (chain, DDTree@16): wall time of ``--gens`` ge
 ``llama_process`` and the difference per step. Prints a table and writes JSON (docs/cpu.md).
 """
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -20,6 +19,7 @@ import time
 from synth import write_tiny_target
 from tfm_convert.pipeline import init_random
 from tfm_local import llm
+from tfm_local.cli.common import write_json
 from tfm_local.engine import Engine
 from tfm_local.sampling import SamplingParams
 
@@ -66,7 +66,4 @@ for r in rows:
 if a.json:
     doc = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "platform": platform.platform(), "cpus": os.cpu_count(), "gens": a.gens, "tokens": a.tokens, "rows": rows}
-    tmp = a.json + ".part"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, doc)

@@ -9,6 +9,7 @@ With no drafter or ``budget=0`` the same loop is plain decoding.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Callable, Iterator
@@ -263,20 +264,21 @@ class Engine:
         auto = self.auto if dft is not None else None
         k = auto.choose(k_max) if auto is not None else k_max
         clock = PhaseClock(st.t_phases)
+        submitted = functools.partial(clock.mark, "submit")
         t0 = clock.t
         k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
         drafting = dft is not None and k > 0
         tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None, clock) if drafting else (None, None)
         t1 = clock.t
         if tree is not None and (self.tree_mode != "chain" or not tgt.can_truncate):
-            pick = self._verify_tree(tree, choose, clock)
+            pick = self._verify_tree(tree, choose, submitted)
             clock.mark("verify")
             walk = walk_tree(tree.parents, tree.tokens, pick, max_tokens=remaining)
             tgt.commit_tree(walk.path)
             n_nodes, rows = len(tree), tgt.tree_rows(walk.path)
         else:
             tokens = tree.tokens if tree is not None else np.asarray([last])
-            pick = self._verify_chain(tokens, choose, clock)
+            pick = self._verify_chain(tokens, choose, submitted)
             clock.mark("verify")
             walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, pick, max_tokens=remaining)
             tgt.commit(len(walk.path), len(tokens))
@@ -300,24 +302,22 @@ class Engine:
         return walk.tokens
 
     def _verify_chain(self, tokens: np.ndarray, choose: TokenChooser,
-                      clock: PhaseClock) -> Callable[[int], int]:
+                      submitted: Callable[[], None]) -> Callable[[int], int]:
         """Verify ``[root, drafts...]`` in one target pass; returns the target's choice per row index
         (the backend argmax's ids in this generation's greedy backend mode, else ``choose`` on the
-        row's logits). ``clock`` gets the decode call ("submit")."""
-        submit = lambda: clock.mark("submit")  # noqa: E731
+        row's logits). ``submitted`` is called once the decode call has returned (Target's on_submit)."""
         if self._argmax:
-            ids = self.target.verify_argmax(tokens, submit)
+            ids = self.target.verify_argmax(tokens, submitted)
             return lambda node: int(ids[node])
-        logits = self.target.verify(tokens, submit)
+        logits = self.target.verify(tokens, submitted)
         return lambda node: choose(logits[node])
 
-    def _verify_tree(self, tree: Tree, choose: TokenChooser, clock: PhaseClock) -> Callable[[int], int]:
+    def _verify_tree(self, tree: Tree, choose: TokenChooser, submitted: Callable[[], None]) -> Callable[[int], int]:
         """``_verify_chain`` for a draft tree (Target.verify_tree); the choice per node index."""
-        submit = lambda: clock.mark("submit")  # noqa: E731
         if self._argmax:
-            ids = self.target.verify_tree_argmax(tree.tokens, tree.depth, tree.parents, submit)
+            ids = self.target.verify_tree_argmax(tree.tokens, tree.depth, tree.parents, submitted)
             return lambda node: int(ids[node])
-        logits = self.target.verify_tree(tree.tokens, tree.depth, tree.parents, submit)
+        logits = self.target.verify_tree(tree.tokens, tree.depth, tree.parents, submitted)
         return lambda node: choose(logits[node])
 
     def _draft(self, dft: DFlashDrafter, last: int, pos: int, k: int, k_plan: int,

@@ -32,10 +32,8 @@ RECURRENT_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 MIN_CTX = 32
 
 
-def _submitted(on_submit: Callable[[], None] | None) -> None:
-    """Call a verify method's ``on_submit`` hook, if any."""
-    if on_submit is not None:
-        on_submit()
+def _nothing() -> None:
+    """The default ``on_submit`` hook of the verify methods."""
 
 
 class ContextOverflowError(ValueError):
@@ -161,7 +159,7 @@ class Target:
         self.n_past = len(tokens)
         return len(chunk)
 
-    def verify(self, tokens: list[int], on_submit: Callable[[], None] | None = None) -> np.ndarray:
+    def verify(self, tokens: list[int], on_submit: Callable[[], None] = _nothing) -> np.ndarray:
         """Decode ``[root, drafts...]`` at ``n_past..``; logits ``[len(tokens), n_vocab]`` float32 (a view).
         Detaches the backend argmax first (``detach_argmax``). ``on_submit`` (every verify method) is
         called once the decode call has returned, before the results are read (on a GPU the pass may
@@ -171,10 +169,10 @@ class Target:
         """
         self.detach_argmax()
         n = self._decode_chain(tokens)
-        _submitted(on_submit)
+        on_submit()
         return self.ctx.logits(n)
 
-    def verify_argmax(self, tokens: list[int], on_submit: Callable[[], None] | None = None) -> np.ndarray:
+    def verify_argmax(self, tokens: list[int], on_submit: Callable[[], None] = _nothing) -> np.ndarray:
         """``verify`` on the backend top-1 sampler: each row's argmax, int32 ``[len(tokens)]``
         (exact ties: see ``attach_argmax``); no logits reach the host.
 
@@ -183,7 +181,7 @@ class Target:
         """
         self._check_argmax(len(tokens))
         n = self._decode_chain(tokens)
-        _submitted(on_submit)
+        on_submit()
         return self._read_argmax(0, n)
 
     def _decode_chain(self, tokens) -> int:
@@ -192,7 +190,7 @@ class Target:
         return self.ctx.decode_tokens(tokens, self.n_past, "all")
 
     def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray,
-                    on_submit: Callable[[], None] | None = None) -> np.ndarray:
+                    on_submit: Callable[[], None] = _nothing) -> np.ndarray:
         """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order
         (a :class:`NodeRows` view). Detaches the backend argmax first (``detach_argmax``).
 
@@ -205,11 +203,11 @@ class Target:
         """
         self.detach_argmax()
         self._decode_tree(tokens, depth, parents)
-        _submitted(on_submit)
+        on_submit()
         return NodeRows(self.ctx.logits(len(tokens)), self._tree_row)
 
     def verify_tree_argmax(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray,
-                           on_submit: Callable[[], None] | None = None) -> np.ndarray:
+                           on_submit: Callable[[], None] = _nothing) -> np.ndarray:
         """``verify_tree`` on the backend top-1 sampler: each node's argmax, int32 ``[N]`` in node
         order (exact ties: see ``attach_argmax``); no logits reach the host.
 
@@ -218,7 +216,7 @@ class Target:
         """
         self._check_argmax(len(tokens))
         self._decode_tree(tokens, depth, parents)
-        _submitted(on_submit)
+        on_submit()
         return self._read_argmax(0, len(tokens))[self._tree_row]
 
     def _decode_tree(self, tokens, depth, parents) -> None:

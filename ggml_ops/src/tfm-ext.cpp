@@ -666,7 +666,9 @@ int32_t op_graph_define(op_graph & g, int32_t op, int32_t n_src, const int64_t *
         if (res == nullptr || (res->type != GGML_TYPE_F32 && res->type != GGML_TYPE_I32)) {
             return -1;
         }
-        g.res = r == 0 ? res : g.res;
+        if (r == 0) {
+            g.res = res;
+        }
         ggml_build_forward_expand(g.gf, res);
     }
     return 0;
