@@ -12,6 +12,7 @@ Options come from the environment:
   TFM_CUDA_ARCHS=90     CUDA architectures (default: native)
   TFM_CMAKE_ARGS="..."  extra CMake arguments
   TFM_BUILD_JOBS=N      parallel build jobs (default: CPU count)
+  TFM_AMX=1             keep ggml's AMX kernels on x86-64 (default off: see NO_AMX_FLAGS)
 
 Usage: python ggml_ops/build.py [--python PY] [--force] [--print-key]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,6 +38,13 @@ SDIST_URL = (
     "llama_cpp_python-0.3.36.tar.gz"
 )
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
+# ggml's AMX backend (picked by the native build on CPUs that have AMX, e.g. Sapphire Rapids)
+# repacks Q4_K/Q6_K weights and crashes in the first decode on such machines, with the pinned
+# source here as upstream (llama.cpp issue #20824, "segfault in ggml_backend_amx_mul_mat");
+# the AVX-512 and repack kernels are used instead. GCC and Clang let an explicit -mno-* win
+# over -march=native whatever the order.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "patches"
@@ -61,6 +70,8 @@ def cmake_args() -> list[str]:
     if os.environ.get("TFM_CUDA", "0") not in ("", "0"):
         archs = os.environ.get("TFM_CUDA_ARCHS", "native")
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+    if os.uname().machine in ("x86_64", "AMD64") and os.environ.get("TFM_AMX", "0") in ("", "0"):
+        args += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
     args += os.environ.get("TFM_CMAKE_ARGS", "").split()
     return args
 
@@ -178,7 +189,7 @@ def build_wheel(key: str) -> Path:
     _pip_install_missing(sys.executable, {"scikit_build_core": "scikit-build-core>=0.9.2",
                                           "cmake": "cmake>=3.21", "ninja": "ninja"})
     env = dict(os.environ)
-    env["CMAKE_ARGS"] = " ".join(cmake_args())
+    env["CMAKE_ARGS"] = shlex.join(cmake_args())
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = os.environ.get("TFM_BUILD_JOBS", str(os.cpu_count() or 2))
     env.pop("SOURCE_DATE_EPOCH", None)  # it would turn GGML_NATIVE off
     build_dir = cache_dir() / "build" / variant_key()

@@ -195,6 +195,26 @@ def test_f32_values_equal_the_safetensors(tmp_path, hf_ckpt, target):
         np.testing.assert_array_equal(np.asarray(x.data).reshape(ref[n].shape), ref[n])
 
 
+def test_read_drafter_gguf_inverts_the_writer(tmp_path, hf_ckpt, target):
+    """f32 round trip: the same config and bit-equal weights; GGUF names map back to HF names."""
+    from tfm_convert.read_drafter import hf_name, read_drafter_gguf
+
+    for n in expected_shapes(DrafterDims(64, 2, 4, 2, 16, 96, 3)):
+        assert hf_name(gguf_name(n)) == n
+    with pytest.raises(KeyError):
+        hf_name("token_embd.weight")
+    ref, config = _load_hf(hf_ckpt)[1], read_config(hf_ckpt)
+    info = read_target_info(target)
+    got_config, got = read_drafter_gguf(convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", "f32"),
+                                        num_target_layers=info.n_layer)
+    assert got_config.dims == config.dims and got_config.target_layer_ids == config.target_layer_ids
+    assert (got_config.mask_token_id, got_config.block_size, got_config.vocab_size) == \
+        (config.mask_token_id, config.block_size, config.vocab_size)
+    assert sorted(got) == sorted(n for n in ref if n in expected_shapes(config.dims))
+    for n, a in got.items():
+        np.testing.assert_array_equal(a, ref[n])
+
+
 @pytest.mark.parametrize("dtype", ["BF16", "F16"])
 def test_half_precision_checkpoints_convert_exactly(tmp_path, target, dtype):
     init_random(target, hf_out=tmp_path / "f32", seed=9)

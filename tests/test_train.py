@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import synth  # noqa: E402
+from tfm_convert.errors import ConvertError  # noqa: E402
 from tfm_local.train import corpus as corpus_mod  # noqa: E402
 from tfm_local.train.batching import IGNORE, make_batch, plan_batches, sample_anchors  # noqa: E402
 from tfm_local.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
@@ -187,6 +188,34 @@ def test_build_corpus_resumes_and_appends(tmp_path):
     other.write_bytes(b"another target")
     with pytest.raises(TrainError, match="target"):
         build_corpus(tmp_path / "a", other, _FakePrompts(40), _FakeBackend(), n_prompts=40, shard_size=5, **kw)
+
+
+def test_build_corpus_slices_and_time_budget(tmp_path, monkeypatch):
+    """Two slices (-n H, --first-prompt H) hold exactly the sequences of one whole corpus; a time budget
+    stops before a shard that would overrun, leaves a loadable corpus, and the same call resumes it."""
+    from tfm_local.train import generate
+    from tfm_local.train.generate import build_corpus
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"pretend target")
+    kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False, shard_size=5)
+    build_corpus(tmp_path / "all", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, **kw)
+    build_corpus(tmp_path / "lo", target, _FakePrompts(30), _FakeBackend(), n_prompts=13, **kw)
+    build_corpus(tmp_path / "hi", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, first=13, **kw)
+    whole = [s.ids.tolist() for s in load_corpus(tmp_path / "all")[1]]
+    parts = [s.ids.tolist() for d in ("lo", "hi") for s in load_corpus(tmp_path / d)[1]]
+    assert parts == whole
+    assert load_corpus(tmp_path / "hi")[1][0].prompt_index == 13
+    with pytest.raises(TrainError, match="generation settings"):  # the slice is part of the recorded settings
+        build_corpus(tmp_path / "hi", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, **kw)
+
+    clock = iter(range(0, 1000, 10))  # each monotonic() call advances 10 s
+    monkeypatch.setattr(generate.time, "monotonic", lambda: float(next(clock)))
+    m = build_corpus(tmp_path / "t", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, time_budget_s=35, **kw)
+    assert 0 < m["counts"]["prompts_consumed"] < 30
+    assert len(load_corpus(tmp_path / "t")[1]) == m["counts"]["sequences"]
+    build_corpus(tmp_path / "t", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, **kw)
+    assert [s.ids.tolist() for s in load_corpus(tmp_path / "t")[1]] == whole
 
 
 def test_prompt_file_roundtrip_and_corruption(tmp_path):
@@ -575,6 +604,43 @@ def test_init_from_lowers_the_first_loss_and_resumes(smoke, tmp_path):
             shape=ShapeRequest(layers=2))
     with pytest.raises(FileNotFoundError):
         fit(corpus, target, tmp_path / "new", _opts(1), None, progress=False, init_from=tmp_path / "gone")
+
+
+def test_init_from_a_drafter_gguf(smoke, tmp_path):
+    """F32 GGUF: the exported weights exactly; q8_0: within its step; without vocabulary: the
+    target's size; a wrong file is a clear error, never a traceback from deep inside."""
+    from tfm_convert.read_drafter import read_drafter_gguf
+    from tfm_convert.vocab import strip_vocab
+    from tfm_convert.zlab import read_config
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import load_init_source
+
+    target, want = smoke.paths["target"], _source_tensors(smoke.paths["hf"])
+    hf_config = read_config(smoke.paths["hf"])
+    f32 = load_init_source(smoke.paths["f32"], target)
+    assert f32.record["kind"] == "gguf" and sorted(f32.state) == sorted(want)
+    assert f32.config.target_layer_ids == hf_config.target_layer_ids
+    assert f32.config.mask_token_id == hf_config.mask_token_id
+    for k in want:
+        assert torch.equal(f32.state[k], want[k]), k
+    q8 = load_init_source(smoke.paths["q8_0"], target).state
+    for k in want:
+        step = want[k].abs().amax() / 127 if want[k].ndim > 1 else 0
+        assert (q8[k] - want[k]).abs().max() <= step + 1e-7, k
+    bare = strip_vocab(smoke.paths["q8_0"], tmp_path / "bare.gguf")
+    assert load_init_source(bare, target).config.vocab_size == hf_config.vocab_size
+    with pytest.raises(ConvertError, match="no vocabulary"):
+        read_drafter_gguf(bare)
+    with pytest.raises(TrainError, match="not a DFlash drafter"):
+        load_init_source(target, target)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smoke.paths["f32"].read_bytes()[:-100])
+    with pytest.raises(TrainError, match="truncated or corrupt"):
+        load_init_source(cut, target)
+    corpus = smoke.paths["checkpoint"].parents[1] / "corpus"
+    fit(corpus, target, tmp_path / "run", _opts(0), None, progress=False, init_from=bare)
+    ck = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert ck["init_from"]["kind"] == "gguf" and ck["step"] == 0
 
 
 def test_init_from_refuses_a_drafter_of_another_target(smoke, tmp_path):

@@ -95,7 +95,9 @@ def cmd_data(args) -> None:
         backend = LlamaBackend(target, max_prompt + args.max_new_tokens + 8, 0 if args.cpu else -1, args.threads)
     try:
         m = build_corpus(args.out, target, prompts, backend, n_prompts=args.n_prompts, max_new=args.max_new_tokens,
-                         shard_size=args.shard_size, selection=sel, max_prompt_tokens=max_prompt)
+                         shard_size=args.shard_size, selection=sel, max_prompt_tokens=max_prompt,
+                         first=args.first_prompt,
+                         time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget)
     finally:
         backend.close()
     c = m["counts"]
@@ -211,7 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True, help="corpus folder (resumed when it exists)")
     p.add_argument("--prompts", default=None, help="prompt file from `tfm-train prompts` (no llama.cpp needed)")
-    p.add_argument("-n", "--n-prompts", type=int, default=10**9, help="prompts to consume in total (default all)")
+    p.add_argument("-n", "--n-prompts", type=int, default=10**9,
+                   help="generate up to this prompt rank, exclusive (default all)")
+    p.add_argument("--first-prompt", type=int, default=0, metavar="RANK",
+                   help="start at this rank of the prompt order: machines can each take one slice, e.g. "
+                        "`-n 20000` on one and `--first-prompt 20000` on another (default 0)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MIN",
+                   help="stop before a shard that would end after MIN minutes; the same command resumes")
     _selection_args(p)
     p.add_argument("--backend", choices=["llama", "torch"], default="llama",
                    help="llama: Engine, one prompt at a time; torch: batched on a GPU (default llama)")
@@ -234,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-token", type=int, default=None, help="MASK id (default: first unused id of the vocabulary)")
     p.add_argument("--init-from", default=None, metavar="PATH",
                    help="start a new run from this drafter's weights (z-lab folder with config.json + "
-                        "model.safetensors, or a checkpoint.pt), fresh optimiser and schedule; its shape is "
+                        "model.safetensors, a checkpoint.pt, or a drafter GGUF of any type, e.g. the shipped "
+                        "q4_0 one: its dequantized values), fresh optimiser and schedule; its shape is "
                         "kept (--layers/--ffn, if given, must match); ignored once --out holds a checkpoint")
     d = _fit_defaults()
     for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),

@@ -15,6 +15,7 @@ and resumes from the manifest's ``prompts_consumed``.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -163,8 +164,8 @@ def _cut(row: list[int], eog) -> list[int]:
 
 def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Prompts, backend, *,
                  n_prompts: int, max_new: int, shard_size: int, selection: dict, max_prompt_tokens: int,
-                 progress: bool = True) -> dict:
-    """Generate responses for prompt ranks ``prompts_consumed .. n_prompts-1`` into ``out``.
+                 first: int = 0, time_budget_s: float | None = None, progress: bool = True) -> dict:
+    """Generate responses for prompt ranks ``max(first, prompts_consumed) .. n_prompts-1`` into ``out``.
 
     Args:
         out: corpus folder (created, or resumed when it holds a manifest).
@@ -173,6 +174,11 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
         n_prompts: prompts to consume in total (capped by the selection's size).
         max_new: response cap in tokens. shard_size: prompts per shard.
         selection, max_prompt_tokens: recorded; must equal the recorded ones on resume.
+        first: first prompt rank of this corpus (recorded when > 0), so that several
+            machines can each generate one slice of the order (``--first-prompt``).
+        time_budget_s: stop before a shard that would end after this many seconds
+            of wall clock, judged by the longest shard so far (None: no limit); the
+            corpus stays complete and a later call resumes it.
     Returns:
         the final manifest.
     Raises:
@@ -183,16 +189,23 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
     out = Path(out)
     ident = target_identity(target)
     gen = {"max_new_tokens": max_new, "max_prompt_tokens": max_prompt_tokens, "decoding": "greedy"}
+    if first:
+        gen["first_prompt"] = int(first)
     if (out / MANIFEST).is_file():
         m = read_manifest(out)
         _check_resume(m, ident, selection, gen)
     else:
         m = new_manifest(ident, selection, gen)
     total = min(n_prompts, len(prompts))
-    start = m["counts"]["prompts_consumed"]
+    start = max(int(first), m["counts"]["prompts_consumed"])
+    t0, longest = time.monotonic(), 0.0
     bar = tqdm(total=total, initial=min(start, total), desc=f"generate ({backend.name})", unit="prompt",
                disable=not progress)
     for s in range(start, total, shard_size):
+        if time_budget_s is not None and time.monotonic() - t0 + longest > time_budget_s:
+            bar.write(f"time budget reached: stopped at prompt {s} of {total} (the same command resumes)")
+            break
+        t_shard = time.monotonic()
         e = min(s + shard_size, total)
         got = [(r, prompts.get(r)) for r in range(s, e)]
         ranks, ps = [r for r, p in got if p is not None], [p for _, p in got if p is not None]
@@ -200,6 +213,7 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
         seqs = [Sequence(np.concatenate([p, np.asarray(x, dtype=np.int32)]), len(p), r)
                 for r, p, x in zip(ranks, ps, resp)]
         append_shard(out, m, seqs, (s, e), {"backend": backend.name})
+        longest = max(longest, time.monotonic() - t_shard)
         bar.update(e - s)
         bar.set_postfix(seqs=m["counts"]["sequences"], tokens=m["counts"]["tokens"])
     bar.close()

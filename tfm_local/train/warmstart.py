@@ -1,8 +1,10 @@
 """Starting a new fit from the weights of an existing drafter (``tfm-train fit --init-from``).
 
-The source is either a z-lab layout folder (``config.json`` + safetensors,
-F32/F16/BF16, e.g. ``run/export/hf``) or a ``tfm-train`` checkpoint file
-(``checkpoint.pt``). Only its config and weights are taken: the new run gets
+The source is a z-lab layout folder (``config.json`` + safetensors,
+F32/F16/BF16, e.g. ``run/export/hf``), a ``tfm-train`` checkpoint file
+(``checkpoint.pt``) or a drafter GGUF (any type the ``gguf`` package can
+dequantize, e.g. the shipped q4_0 drafter: its dequantized values are the
+start, not the weights it was quantized from). Only its config and weights are taken: the new run gets
 a fresh optimiser and learning-rate schedule. The source is identified by
 its path and the sha256 of its weight file(s), recorded in the new run's
 checkpoint and log.
@@ -29,7 +31,7 @@ class InitSource:
     Attributes:
         config: the drafter config (the new run keeps this shape).
         state: model ``state_dict`` (names as ``DFlashDraft``), float32 CPU tensors.
-        record: ``{"path", "kind" ("zlab" | "checkpoint"), "sha256", "files"}``;
+        record: ``{"path", "kind" ("zlab" | "checkpoint" | "gguf"), "sha256", "files"}``;
             ``sha256`` is that of the weight file (of the concatenation of the
             ``files`` in that order when the weights are sharded); for a
             checkpoint also ``"step"`` (its training step).
@@ -95,11 +97,30 @@ def _load_checkpoint(path: Path) -> InitSource:
     return InitSource(config, {k: v.detach().float().cpu() for k, v in state.items()}, record)
 
 
+def _load_gguf(path: Path, target: str | os.PathLike | None) -> InitSource:
+    from tfm_convert.read_drafter import read_drafter_gguf
+
+    vocab, depth = None, 0
+    if target is not None:
+        from tfm_convert.target_info import read_target_info
+
+        info = read_target_info(target)
+        vocab, depth = info.n_vocab, info.n_layer
+    config, weights = read_drafter_gguf(path, vocab, depth)
+    record = {"path": str(path.resolve()), "kind": "gguf", "files": [path.name], "sha256": sha256_files([path])}
+    return InitSource(config, {k: torch.from_numpy(v) for k, v in weights.items()}, record)
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
 def load_init_source(path: str | os.PathLike, target: str | os.PathLike | None = None) -> InitSource:
     """Read a warm-start source and check it fits ``target``.
 
     Args:
-        path: z-lab layout folder or ``tfm-train`` checkpoint file.
+        path: z-lab layout folder, ``tfm-train`` checkpoint file or drafter GGUF.
         target: the target GGUF of the new run (width, vocabulary, mask token
             and feature layers are checked against it); None skips the check.
     Raises:
@@ -112,7 +133,10 @@ def load_init_source(path: str | os.PathLike, target: str | os.PathLike | None =
     if not path.exists():
         raise FileNotFoundError(f"--init-from {path}: no such file or folder")
     try:
-        src = _load_zlab(path) if path.is_dir() else _load_checkpoint(path)
+        if path.is_dir():
+            src = _load_zlab(path)
+        else:
+            src = _load_gguf(path, target) if _is_gguf(path) else _load_checkpoint(path)
         if target is not None:
             from tfm_convert.target_info import read_target_info
             from tfm_convert.validate import check_against_target

@@ -1,0 +1,125 @@
+"""Read a DFlash drafter GGUF back into its config and float32 weights.
+
+The inverse of ``writer.write_drafter_gguf``: the ``dflash.*`` keys give the
+config, the tensors are dequantized with the ``gguf`` package
+(``gguf.quants.dequantize``) and renamed to their Hugging Face names
+(``layout``). Quantized types come back as their dequantized values, not the
+weights they were made from. A drafter shipped without its vocabulary
+(``vocab.strip_vocab``) has no vocabulary size of its own: the caller gives it.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+from .errors import ConvertError
+from .gguf_meta import TensorEntry, read_gguf_meta
+from .layout import GLOBAL_NAMES, LAYER_NAMES, expected_shapes
+from .target_info import MASK_TOKEN_KEY
+from .writer import ARCH
+from .zlab import DFlashConfig
+
+
+def hf_name(gguf_tensor: str) -> str:
+    """HF drafter tensor name of a GGUF drafter tensor name (inverse of ``layout.gguf_name``).
+
+    Raises:
+        KeyError: not a DFlash drafter tensor name.
+    """
+    for hf, g in GLOBAL_NAMES.items():
+        if g == gguf_tensor:
+            return hf
+    parts = gguf_tensor.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        for hf, g in LAYER_NAMES.items():
+            if g == parts[2]:
+                return f"layers.{int(parts[1])}.{hf}"
+    raise KeyError(gguf_tensor)
+
+
+def _config(kv: dict, path: Path, vocab_size: int | None, num_target_layers: int) -> DFlashConfig:
+    """The DFlashConfig of a drafter GGUF's metadata (see read_drafter_gguf)."""
+    if kv.get("general.architecture") != ARCH:
+        raise ConvertError(f"{path} is not a DFlash drafter GGUF "
+                           f"(general.architecture {kv.get('general.architecture')!r}, expected {ARCH!r})")
+
+    def req(key: str):
+        if key not in kv:
+            raise ConvertError(f"{path} lacks the metadata key {key}")
+        return kv[key]
+
+    tokens = kv.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens) if tokens is not None else vocab_size
+    if n_vocab is None:
+        raise ConvertError(f"{path} carries no vocabulary: give the target's vocabulary size")
+    hidden, heads = int(req(f"{ARCH}.embedding_length")), int(req(f"{ARCH}.attention.head_count"))
+    return DFlashConfig(
+        hidden_size=hidden, num_hidden_layers=int(req(f"{ARCH}.block_count")),
+        num_attention_heads=heads, num_key_value_heads=int(kv.get(f"{ARCH}.attention.head_count_kv", heads)),
+        head_dim=int(kv.get(f"{ARCH}.attention.key_length", hidden // heads)),
+        intermediate_size=int(req(f"{ARCH}.feed_forward_length")), vocab_size=int(n_vocab),
+        rms_norm_eps=float(req(f"{ARCH}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(kv.get(f"{ARCH}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(kv.get(f"{ARCH}.context_length", 0)),
+        hidden_act=str(kv.get(f"{ARCH}.hidden_activation", "silu")),
+        target_layer_ids=tuple(int(i) - 1 for i in req(f"{ARCH}.target_layers")),
+        mask_token_id=int(req(MASK_TOKEN_KEY)), block_size=int(req(f"{ARCH}.block_size")),
+        num_target_layers=num_target_layers)
+
+
+def _dequantize(buf, e: TensorEntry) -> np.ndarray:
+    """Tensor ``e`` of the mapped file as a float32 array in numpy order (a copy, never a view)."""
+    qt = gguf.GGMLQuantizationType(e.ggml_type)
+    raw = np.frombuffer(buf, dtype=np.uint8, count=e.nbytes, offset=e.begin)
+    rows = int(np.prod(e.ne[1:], dtype=np.int64)) if len(e.ne) > 1 else 1
+    try:
+        out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
+    except NotImplementedError:
+        raise ConvertError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
+    return np.array(out.reshape(tuple(reversed(e.ne))), dtype=np.float32, copy=True)
+
+
+def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
+                      num_target_layers: int = 0) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
+    """Config and float32 weights of a DFlash drafter GGUF.
+
+    Args:
+        path: drafter GGUF (``dflash`` architecture; any type gguf can dequantize:
+            F32, F16, BF16, Q8_0, Q5_0, Q4_0, ...).
+        vocab_size: the target's vocabulary size, used when the file carries no
+            vocabulary (ignored when it does).
+        num_target_layers: depth of the target, recorded in the config (0 = unknown).
+    Returns:
+        ``(config, weights)``: weights maps every HF name of ``layout.expected_shapes``
+        to a float32 array of that shape (numpy order).
+    Raises:
+        ConvertError: unreadable or truncated file, another architecture, a missing
+            key or tensor, a tensor of the wrong shape or type, an unknown tensor,
+            or no vocabulary size.
+    """
+    path = Path(path)
+    meta = read_gguf_meta(path)
+    config = _config({k: v.value for k, v in meta.kv.items()}, path, vocab_size, num_target_layers)
+    shapes = expected_shapes(config.dims)
+    entries = {}
+    for e in meta.tensors:
+        try:
+            entries[hf_name(e.name)] = e
+        except KeyError:
+            raise ConvertError(f"{path}: unexpected tensor {e.name!r} in a DFlash drafter") from None
+    missing = sorted(set(shapes) - set(entries))
+    if missing:
+        raise ConvertError(f"{path}: missing tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        weights = {}
+        for name, shape in shapes.items():
+            if tuple(reversed(entries[name].ne)) != shape:
+                raise ConvertError(f"{path}: tensor {entries[name].name} has shape "
+                                   f"{tuple(reversed(entries[name].ne))}, the config needs {shape}")
+            weights[name] = _dequantize(buf, entries[name])
+    return config, weights
