@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done: the CUDA
-# tests, the tree GDN kernel A/B (patches 0008-0010) and a tfm-bench of the shipped
-# drafter on the real target. Outputs in ~/out/cuda/; ~/out/cuda.done at the end.
+# tests, the tree GDN kernel A/B (patch 0008, per-kernel split by patch 0009) and a tfm-bench of the shipped
+# drafter on the real target. Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end.
 set -uo pipefail
 . ~/env.sh
-while [ ! -e ~/out/build.done ] || [ ! -e ~/out/gen.done ]; do sleep 5; done
+built() { [ -e ${ST:-~/st}/build.done ] || { [ -e ~/llama/llama_cpp/__init__.py ] &&
+  ! pgrep -f "build.build_wheel|--target $HOME/llama" > /dev/null; }; }
+while ! built || [ ! -e ${ST:-~/st}/gen.done ]; do sleep 5; done
 cd ~/repo
 export CUDA_VISIBLE_DEVICES=${GPU:-1}
-O=~/out/cuda; mkdir -p $O
+O=${ST:-~/st}/cuda; mkdir -p $O
 python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py tests/test_top_k_op.py \
   tests/test_greedy_argmax.py tests/test_drafter_topk.py tests/test_tree_verify.py tests/test_tree_gdn_model.py \
   > $O/tests.log 2>&1
 B="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 50 --repeat 8"
 $B --nodes 128 --json $O/gdn-new.json > $O/gdn-new.txt 2>&1
 TFM_CUDA_GDN_PAIRS_PER_VHEAD=1 $B --nodes 128 --json $O/gdn-vhead.json > $O/gdn-vhead.txt 2>&1
-TFM_CUDA_GDN_SOLVE_SERIAL=1 $B --nodes 128 --json $O/gdn-serial.json > $O/gdn-serial.txt 2>&1
-TFM_CUDA_GDN_PAIRS_PER_VHEAD=1 TFM_CUDA_GDN_SOLVE_SERIAL=1 $B --nodes 128 --json $O/gdn-before.json \
-  > $O/gdn-before.txt 2>&1
 for k in pairs state solve; do
   TFM_CUDA_GDN_TREE_TWICE=$k $B --nodes 128 --json $O/gdn-twice-$k.json > $O/gdn-twice-$k.txt 2>&1
 done
 $B --json $O/gdn-sweep.json > $O/gdn-sweep.txt 2>&1
-touch ~/out/gdn.done
+touch ${ST:-~/st}/gdn.done
 python3 -m tfm_local.cli.bench --target ~/w/model.gguf --drafter auto --modes plain,chain,ddtree@16 -n 10 \
   --max-tokens 256 --no-plot --json $O/bench.json > $O/bench.txt 2>&1
-touch ~/out/cuda.done
+touch ${ST:-~/st}/cuda.done

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The drafter run on a GPU machine, meant to run in the background after
 # setup.sh and join.sh (it outlives the call that starts it):
-#   setsid nohup bash ~/repo/docs/gpu/pipeline.sh > ~/out/pipeline.log 2>&1 < /dev/null &
+#   setsid nohup bash ~/repo/docs/gpu/pipeline.sh > ${ST:-~/st}/pipeline.log 2>&1 < /dev/null &
 # 1. corpus: the prompt file split in as many slices as GPUs, one `tfm-train data`
 #    per GPU (greedy, torch backend), each stopped by GEN_MIN minutes;
 # 2. fit: one run per GPU of FIT_GPUS (default: every GPU) on all slices together,
 #    all starting from INIT, the same recipe except the per-GPU extra options FIT0, FIT1, ...;
-# 3. each run's GGUFs without vocabulary, log and held-out scores packed in ~/out/<run>/
+# 3. each run's GGUFs without vocabulary, log and held-out scores packed in ${ST:-~/st}/<run>/
 #    as 16 MiB pieces (what a call can bring back).
 # Environment: PROMPTS (prompt .npz), INIT (drafter to start from), GEN_MIN, MAXNEW,
 # FIT_MIN, NGPU (default: every GPU), FIT_GPUS, FIT0.. (extra fit options per GPU).
 set -uo pipefail
 . ~/env.sh
+mkdir -p ${ST:-~/st}
 cd ~/repo
 T=~/w/model.gguf
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
@@ -21,18 +22,20 @@ echo "$(date +%T) $N prompts, $NGPU slices of $S"
 corpora=()
 for g in $(seq 0 $((NGPU - 1))); do
   corpora+=(~/w/c$g)
+  [ -n "${SKIP_GEN:-}" ] && continue  # a generation started earlier: wait for it below
   CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train data --target $T --prompts "$PROMPTS" --out ~/w/c$g \
     --backend torch --batch-size 512 --max-new-tokens "$MAXNEW" --time-budget "$GEN_MIN" \
-    --first-prompt $((g * S)) -n $(((g + 1) * S)) > ~/out/gen$g.log 2>&1 &
+    --first-prompt $((g * S)) -n $(((g + 1) * S)) > ${ST:-~/st}/gen$g.log 2>&1 &
 done
 wait
-echo "$(date +%T) corpus done"; touch ~/out/gen.done
+while pgrep -f "tfm_local.cli.train data" > /dev/null; do sleep 5; done
+echo "$(date +%T) corpus done"; touch ${ST:-~/st}/gen.done
 for g in ${FIT_GPUS:-$(seq 0 $((NGPU - 1)))}; do
   extra=FIT$g
   ( CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train fit --corpus "${corpora[@]}" --target $T --out ~/w/run$g \
       --init-from "$INIT" --anchors 48 --batch-tokens 16384 --epochs 40 --save-every 100000 \
-      --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype q4_0 q8_0 ${!extra:-} > ~/out/fit$g.log 2>&1
-    bash ~/repo/docs/gpu/pack.sh ~/w/run$g ~/out/run$g ) &
+      --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype q4_0 q8_0 ${!extra:-} > ${ST:-~/st}/fit$g.log 2>&1
+    bash ~/repo/docs/gpu/pack.sh ~/w/run$g ${ST:-~/st}/run$g ) &
 done
 wait
-echo "$(date +%T) all done"; touch ~/out/all.done
+echo "$(date +%T) all done"; touch ${ST:-~/st}/all.done

@@ -6,8 +6,8 @@ while [ $SECONDS -lt $end ]; do
   ok=1; for f in "$@"; do [ -e "$f" ] || ok=0; done
   [ $ok = 1 ] && break; sleep 5
 done
-date +%T; ls ~/out
-for f in ~/out/gen*.log ~/out/fit*.log ~/out/build.log ~/out/cuda/tests.log; do
+date +%T; ls ${ST:-~/st}
+for f in ${ST:-~/st}/gen*.log ${ST:-~/st}/fit*.log ${ST:-~/st}/build.log ${ST:-~/st}/cuda/tests.log; do
   [ -e "$f" ] && { echo "== $f"; tail -c 400 "$f" | tr '\r' '\n' | tail -3; }
 done
 nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
