@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done: the CUDA
-# tests, the tree GDN kernel A/B (patch 0008, per-kernel split by patch 0009) and a tfm-bench of the shipped
-# drafter on the real target. Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end.
+# tests, the tree GDN kernel A/B (patch 0008, per-kernel split by patch 0009), and the target pass and
+# tfm-bench of the shipped drafter with and without patch 0011's chunked MMVQ. Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end.
 set -uo pipefail
 . ~/env.sh
 built() { [ -e ${ST:-~/st}/build.done ] || { [ -e ~/llama/llama_cpp/__init__.py ] &&
@@ -12,6 +12,7 @@ export CUDA_VISIBLE_DEVICES=${GPU:-1}
 O=${ST:-~/st}/cuda; mkdir -p $O
 python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py tests/test_top_k_op.py \
   tests/test_greedy_argmax.py tests/test_drafter_topk.py tests/test_tree_verify.py tests/test_tree_gdn_model.py \
+  tests/test_cuda_mmvq.py \
   > $O/tests.log 2>&1
 B="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 50 --repeat 8"
 $B --nodes 128 --json $O/gdn-new.json > $O/gdn-new.txt 2>&1
@@ -21,6 +22,13 @@ for k in pairs state solve; do
 done
 $B --json $O/gdn-sweep.json > $O/gdn-sweep.txt 2>&1
 touch ${ST:-~/st}/gdn.done
-python3 -m tfm_local.cli.bench --target ~/w/model.gguf --drafter auto --modes plain,chain,ddtree@16 -n 10 \
-  --max-tokens 256 --no-plot --json $O/bench.json > $O/bench.txt 2>&1
+# patch 0011: one target pass of n tokens, MMQ (upstream) vs MMVQ in chunks of 8 columns
+P="python3 -m tfm_local.cli.bench_pass --target $HOME/w/model.gguf --tokens 1,4,8,9,12,16 --variants argmax --drafter auto"
+$P --json $O/pass-mmq.json > $O/pass-mmq.txt 2>&1
+TFM_CUDA_MMVQ_MAX_COLS=16 $P --json $O/pass-mmvq16.json > $O/pass-mmvq16.txt 2>&1
+for v in "" 16; do
+  TFM_CUDA_MMVQ_MAX_COLS=$v python3 -m tfm_local.cli.bench --target ~/w/model.gguf --drafter auto \
+    --modes plain,chain,ddtree@8,ddtree@16 -n 10 --max-tokens 256 --no-plot --json $O/bench-mmvq$v.json \
+    > $O/bench-mmvq$v.txt 2>&1
+done
 touch ${ST:-~/st}/cuda.done

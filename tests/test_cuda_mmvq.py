@@ -1,0 +1,70 @@
+"""Patch 0011: MUL_MAT of 9-64 columns through MMVQ in chunks of 8 (TFM_CUDA_MMVQ_MAX_COLS), CUDA only.
+
+A tiny qwen2 target, quantized by llama.cpp itself (Q8_0 and Q4_0 weights), decodes batches of
+1-16 tokens on the GPU in a process of its own per setting (the switch is read once per
+process). Upstream's MMQ path (switch unset) and the chunked MMVQ path must agree to float32
+accumulation order: both multiply the same Q8_1-quantized activations by the same weights. A
+wrong chunk offset would put another column's results in a row, far outside that bound.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import synth
+
+_DECODE_SCRIPT = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import synth
+lc = synth.llama_cpp_lib()
+params = lc.llama_model_default_params()
+params.n_gpu_layers = -1
+model = lc.llama_model_load_from_file(sys.argv[2].encode(), params)
+assert model, "the model did not load"
+out = {}
+for n in (1, 8, 9, 12, 16):
+    ctx = synth.new_context(model, n_ctx=128, n_batch=32)
+    out[f"n{n}"] = synth.decode_tokens(ctx, [(7 * i + 3) % 200 + 5 for i in range(n)])
+    lc.llama_free(ctx)
+np.savez(sys.argv[3], **out)
+"""
+
+
+def _quantized_target(tmp_path: Path, ftype: str) -> Path:
+    lc = synth.llama_cpp_lib()
+    f32 = synth.write_tiny_target(tmp_path / "f32.gguf", n_embd=128, n_ff=256, seed=3)
+    out = tmp_path / f"{ftype}.gguf"
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = {"q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0}[ftype]
+    assert lc.llama_model_quantize(str(f32).encode(), str(out).encode(), params) == 0
+    return out
+
+
+def _decode(model: Path, tmp_path: Path, env_extra: dict, name: str) -> dict[str, np.ndarray]:
+    here = str(Path(__file__).resolve().parent)
+    out = tmp_path / f"{name}.npz"
+    env = {k: v for k, v in os.environ.items() if k != "TFM_CUDA_MMVQ_MAX_COLS"}
+    subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, here, str(model), str(out)], env={**env, **env_extra},
+                   check=True, capture_output=True, text=True)
+    with np.load(out) as z:
+        return dict(z)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ftype", ["q8_0", "q4_0"])
+def test_mmvq_column_chunks_agree_with_mmq(tmp_path, ftype):
+    model = _quantized_target(tmp_path, ftype)
+    mmq = _decode(model, tmp_path, {}, "mmq")
+    chunks = _decode(model, tmp_path, {"TFM_CUDA_MMVQ_MAX_COLS": "16"}, "chunks")
+    for n in (1, 8):  # at most 8 columns: upstream's MMVQ either way
+        assert np.array_equal(mmq[f"n{n}"], chunks[f"n{n}"]), n
+    for n in (9, 12, 16):
+        a, b = mmq[f"n{n}"], chunks[f"n{n}"]
+        assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max(), n
+    # the switch took effect: another kernel, another float summation order somewhere in 16 x vocab logits
+    assert not np.array_equal(mmq["n16"], chunks["n16"])
