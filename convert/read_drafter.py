@@ -9,7 +9,6 @@ weights they were made from. A drafter shipped without its vocabulary
 """
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
@@ -22,6 +21,9 @@ from .gguf_meta import TensorEntry, read_gguf_meta
 from .layout import GLOBAL_NAMES, LAYER_NAMES, expected_shapes
 from .target_info import MASK_TOKEN_KEY
 from .writer import ARCH
+
+#: GGUF names of the target's embedding and LM head, which some drafter files carry: skipped.
+SHARED_GGUF_NAMES = frozenset({"token_embd.weight", "output.weight"})
 from .zlab import DFlashConfig
 
 
@@ -72,16 +74,17 @@ def _config(kv: dict, path: Path, vocab_size: int | None, num_target_layers: int
         num_target_layers=num_target_layers)
 
 
-def _dequantize(buf, e: TensorEntry) -> np.ndarray:
-    """Tensor ``e`` of the mapped file as a float32 array in numpy order (a copy, never a view)."""
+def _dequantize(f, e: TensorEntry) -> np.ndarray:
+    """Tensor ``e`` of the open file ``f`` as a float32 array in numpy order (read, not mapped)."""
     qt = gguf.GGMLQuantizationType(e.ggml_type)
-    raw = np.frombuffer(buf, dtype=np.uint8, count=e.nbytes, offset=e.begin)
+    f.seek(e.begin)
+    raw = np.frombuffer(f.read(e.nbytes), dtype=np.uint8)
     rows = int(np.prod(e.ne[1:], dtype=np.int64)) if len(e.ne) > 1 else 1
     try:
         out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
     except NotImplementedError:
         raise ConvertError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
-    return np.array(out.reshape(tuple(reversed(e.ne))), dtype=np.float32, copy=True)
+    return np.asarray(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))
 
 
 def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
@@ -99,8 +102,9 @@ def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
         to a float32 array of that shape (numpy order).
     Raises:
         ConvertError: unreadable or truncated file, another architecture, a missing
-            key or tensor, a tensor of the wrong shape or type, an unknown tensor,
-            or no vocabulary size.
+            key or tensor, a tensor of the wrong shape or type, an unknown tensor
+            (``token_embd`` / ``output`` copies of the target's are skipped), or no
+            vocabulary size.
     """
     path = Path(path)
     meta = read_gguf_meta(path)
@@ -108,18 +112,22 @@ def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
     shapes = expected_shapes(config.dims)
     entries = {}
     for e in meta.tensors:
+        if e.name in SHARED_GGUF_NAMES:  # a copy of the target's embedding / LM head: not the drafter's
+            continue
         try:
-            entries[hf_name(e.name)] = e
+            name = hf_name(e.name)
         except KeyError:
-            raise ConvertError(f"{path}: unexpected tensor {e.name!r} in a DFlash drafter") from None
+            name = None
+        if name not in shapes:
+            raise ConvertError(f"{path}: unexpected tensor {e.name!r} in a DFlash drafter of "
+                               f"{config.num_hidden_layers} layers")
+        entries[name] = e
     missing = sorted(set(shapes) - set(entries))
     if missing:
         raise ConvertError(f"{path}: missing tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        weights = {}
-        for name, shape in shapes.items():
-            if tuple(reversed(entries[name].ne)) != shape:
-                raise ConvertError(f"{path}: tensor {entries[name].name} has shape "
-                                   f"{tuple(reversed(entries[name].ne))}, the config needs {shape}")
-            weights[name] = _dequantize(buf, entries[name])
-    return config, weights
+    for name, shape in shapes.items():
+        if tuple(reversed(entries[name].ne)) != shape:
+            raise ConvertError(f"{path}: tensor {entries[name].name} has shape "
+                               f"{tuple(reversed(entries[name].ne))}, the config needs {shape}")
+    with open(path, "rb") as f:
+        return config, {name: _dequantize(f, entries[name]) for name in shapes}

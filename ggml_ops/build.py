@@ -12,7 +12,7 @@ Options come from the environment:
   TFM_CUDA_ARCHS=90     CUDA architectures (default: native)
   TFM_CMAKE_ARGS="..."  extra CMake arguments
   TFM_BUILD_JOBS=N      parallel build jobs (default: CPU count)
-  TFM_AMX=1             keep ggml's AMX kernels on x86-64 (default off: see NO_AMX_FLAGS)
+  TFM_AMX=1             keep ggml's AMX kernels on a CPU that has AMX (default off: see NO_AMX_FLAGS)
 
 Usage: python ggml_ops/build.py [--python PY] [--force] [--print-key]
 """
@@ -64,16 +64,37 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TFM_CACHE", Path.home() / ".cache" / "tfm-local"))
 
 
+def _cpu_has_amx() -> bool:
+    """True on an x86-64 Linux machine whose CPU lists AMX (``amx_tile`` in /proc/cpuinfo)."""
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
 def cmake_args() -> list[str]:
-    """CMake arguments for this build, from the environment (see module doc)."""
+    """CMake arguments for this build, from the environment (see module doc).
+
+    On a CPU with AMX (unless TFM_AMX=1) ``NO_AMX_FLAGS`` are appended to
+    CMAKE_C_FLAGS / CMAKE_CXX_FLAGS, merged with those given in TFM_CMAKE_ARGS
+    or else $CFLAGS / $CXXFLAGS (which CMake would otherwise read itself).
+    TFM_CMAKE_ARGS is split like a shell command line (quotes group).
+    """
     args = list(BASE_CMAKE_ARGS)
     if os.environ.get("TFM_CUDA", "0") not in ("", "0"):
         archs = os.environ.get("TFM_CUDA_ARCHS", "native")
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
-    if os.uname().machine in ("x86_64", "AMD64") and os.environ.get("TFM_AMX", "0") in ("", "0"):
-        args += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
-    args += os.environ.get("TFM_CMAKE_ARGS", "").split()
-    return args
+    user = shlex.split(os.environ.get("TFM_CMAKE_ARGS", ""))
+    if _cpu_has_amx() and os.environ.get("TFM_AMX", "0") in ("", "0"):
+        for var, env in (("CMAKE_C_FLAGS", "CFLAGS"), ("CMAKE_CXX_FLAGS", "CXXFLAGS")):
+            given = [a for a in user if a.startswith(f"-D{var}=") or a.startswith(f"-D{var}:STRING=")]
+            base = given[-1].split("=", 1)[1] if given else os.environ.get(env, "")
+            user = [a for a in user if a not in given]
+            args.append(f"-D{var}={(base + ' ' + NO_AMX_FLAGS).strip()}")
+    return args + user
 
 
 def build_key() -> str:

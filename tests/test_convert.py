@@ -215,6 +215,37 @@ def test_read_drafter_gguf_inverts_the_writer(tmp_path, hf_ckpt, target):
         np.testing.assert_array_equal(a, ref[n])
 
 
+def test_read_drafter_gguf_refuses_bad_tensors_clearly(tmp_path, hf_ckpt, target):
+    """A type gguf cannot dequantize, a layer past block_count: ConvertError (no traceback from the
+    file machinery); a copy of the target's embedding is skipped, not an error."""
+    from dataclasses import replace
+
+    from tfm_convert.gguf_meta import read_gguf_meta
+    from tfm_convert.read_drafter import read_drafter_gguf
+    from tfm_convert.vocab import _rewrite
+
+    src = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", "f32")
+    meta = read_gguf_meta(src)
+    kvs = list(meta.kv.values())
+    by_name = {t.name: t for t in meta.tensors}
+
+    def variant(name, tensors):
+        return _rewrite(src, replace(meta, tensors=tensors), kvs, tmp_path / name)
+
+    fc = by_name["fc.weight"]
+    q8k = replace(fc, ggml_type=int(gguf.GGMLQuantizationType.Q8_K),
+                  nbytes=int(np.prod(fc.ne)) // 256 * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_K][1])
+    bad_type = variant("q8k.gguf", [q8k if t.name == "fc.weight" else t for t in meta.tensors])
+    with pytest.raises(ConvertError, match="cannot dequantize"):
+        read_drafter_gguf(bad_type)
+    extra = replace(by_name["blk.0.attn_q.weight"], name="blk.7.attn_q.weight")
+    with pytest.raises(ConvertError, match="unexpected tensor 'blk.7.attn_q.weight'"):
+        read_drafter_gguf(variant("extra.gguf", meta.tensors + [extra]))
+    copy = replace(by_name["output_norm.weight"], name="token_embd.weight")
+    _, weights = read_drafter_gguf(variant("shared.gguf", meta.tensors + [copy]))
+    assert sorted(weights) == sorted(read_drafter_gguf(src)[1])
+
+
 @pytest.mark.parametrize("dtype", ["BF16", "F16"])
 def test_half_precision_checkpoints_convert_exactly(tmp_path, target, dtype):
     init_random(target, hf_out=tmp_path / "f32", seed=9)

@@ -49,8 +49,9 @@ def _decode(model: Path, tmp_path: Path, env_extra: dict, name: str) -> dict[str
     here = str(Path(__file__).resolve().parent)
     out = tmp_path / f"{name}.npz"
     env = {k: v for k, v in os.environ.items() if k != "TFM_CUDA_MMVQ_MAX_COLS"}
-    subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, here, str(model), str(out)], env={**env, **env_extra},
-                   check=True, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, here, str(model), str(out)], env={**env, **env_extra},
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"decode with {env_extra} failed:\n{r.stderr[-3000:]}"
     with np.load(out) as z:
         return dict(z)
 

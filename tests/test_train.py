@@ -7,6 +7,7 @@ the PyTorch drafter with the same weights run by llama.cpp from GGUF, so a
 wrong mask, RoPE, norm or tensor mapping on either side makes it fail.
 """
 import json
+import types
 
 import numpy as np
 import pytest
@@ -208,9 +209,16 @@ def test_build_corpus_slices_and_time_budget(tmp_path, monkeypatch):
     assert load_corpus(tmp_path / "hi")[1][0].prompt_index == 13
     with pytest.raises(TrainError, match="generation settings"):  # the slice is part of the recorded settings
         build_corpus(tmp_path / "hi", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, **kw)
+    from tfm_local.train.corpus import target_identity
+    from tfm_local.train.fit import load_corpora
 
-    clock = iter(range(0, 1000, 10))  # each monotonic() call advances 10 s
-    monkeypatch.setattr(generate.time, "monotonic", lambda: float(next(clock)))
+    ident = target_identity(target)
+    assert [s.ids.tolist() for s in load_corpora([tmp_path / "lo", tmp_path / "hi"], ident)[1]] == whole
+    with pytest.raises(TrainError, match=r"share 13 prompts .*ranks 13\.\.28"):  # 13..29 less 14, 19, 24, 29
+        load_corpora([tmp_path / "all", tmp_path / "hi"], ident)
+
+    clock = iter(range(0, 1000, 10))  # each monotonic() call of generate advances 10 s
+    monkeypatch.setattr(generate, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
     m = build_corpus(tmp_path / "t", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, time_budget_s=35, **kw)
     assert 0 < m["counts"]["prompts_consumed"] < 30
     assert len(load_corpus(tmp_path / "t")[1]) == m["counts"]["sequences"]
@@ -468,16 +476,25 @@ def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch
 
 
 def test_fit_on_several_corpora(smoke, tmp_path):
-    """--corpus A B trains on both (here one corpus twice); the run is tied to that list: resuming with
-    one of them is refused."""
+    """--corpus A B trains on both (here the smoke corpus and a copy recorded as another prompt order);
+    the same corpus twice is refused (its prompts would count twice); the run is tied to that list:
+    resuming with one of them is refused."""
+    import shutil
+
     from tfm_local.train.fit import drafter_config, fit, load_corpora
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    other = shutil.copytree(corpus, tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["selection"]["seed"] = 12345
+    (other / "manifest.json").write_text(json.dumps(manifest))
     ident = corpus_mod.target_identity(target)
     one_id, one = load_corpora(corpus, ident)
-    two_id, two = load_corpora([corpus, corpus], ident)
+    two_id, two = load_corpora([corpus, other], ident)
     assert len(two) == 2 * len(one) and two_id != one_id and load_corpora([corpus], ident)[0] == one_id
-    fit([corpus, corpus], target, tmp_path / "m", _opts(2), drafter_config(target, 1, 32), progress=False)
+    with pytest.raises(TrainError, match="trained on twice"):
+        load_corpora([corpus, corpus], ident)
+    fit([corpus, other], target, tmp_path / "m", _opts(2), drafter_config(target, 1, 32), progress=False)
     assert load_checkpoint(tmp_path / "m" / "checkpoint.pt")["corpus_id"] == two_id
     with pytest.raises(TrainError, match="another target or corpus"):
         fit(corpus, target, tmp_path / "m", _opts(3), drafter_config(target, 1, 32), progress=False)

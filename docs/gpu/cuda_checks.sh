@@ -6,7 +6,10 @@ set -uo pipefail
 . ~/env.sh
 built() { [ -e ${ST:-~/st}/build.done ] || { [ -e ~/llama/llama_cpp/__init__.py ] &&
   ! pgrep -f "build.build_wheel|--target $HOME/llama" > /dev/null; }; }
-while ! built || [ ! -e ${ST:-~/st}/gen.done ]; do sleep 5; done
+while ! built || [ ! -e ${ST:-~/st}/gen.done ]; do
+  [ -e ${ST:-~/st}/build.failed ] && { echo "the CUDA build failed: ${ST:-~/st}/build.log"; exit 1; }
+  sleep 5
+done
 cd ~/repo
 export CUDA_VISIBLE_DEVICES=${GPU:-1}
 O=${ST:-~/st}/cuda; mkdir -p $O

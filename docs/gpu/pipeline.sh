@@ -25,17 +25,18 @@ for g in $(seq 0 $((NGPU - 1))); do
   [ -n "${SKIP_GEN:-}" ] && continue  # a generation started earlier: wait for it below
   CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train data --target $T --prompts "$PROMPTS" --out ~/w/c$g \
     --backend torch --batch-size 512 --max-new-tokens "$MAXNEW" --time-budget "$GEN_MIN" \
-    --first-prompt $((g * S)) -n $(((g + 1) * S)) > ${ST:-~/st}/gen$g.log 2>&1 &
+    --first-prompt $((g * S)) -n $(((g + 1) * S)) > ${ST:-~/st}/gen$g.log 2>&1 || touch ${ST:-~/st}/gen$g.failed &
 done
 wait
 while pgrep -f "tfm_local.cli.train data" > /dev/null; do sleep 5; done
+ls ${ST:-~/st}/gen*.failed 2> /dev/null && { echo "$(date +%T) corpus generation failed"; exit 1; }
 echo "$(date +%T) corpus done"; touch ${ST:-~/st}/gen.done
 for g in ${FIT_GPUS:-$(seq 0 $((NGPU - 1)))}; do
   extra=FIT$g
   ( CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train fit --corpus "${corpora[@]}" --target $T --out ~/w/run$g \
       --init-from "$INIT" --anchors 48 --batch-tokens 16384 --epochs 40 --save-every 100000 \
-      --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype q4_0 q8_0 ${!extra:-} > ${ST:-~/st}/fit$g.log 2>&1
-    bash ~/repo/docs/gpu/pack.sh ~/w/run$g ${ST:-~/st}/run$g ) &
+      --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype q4_0 q8_0 ${!extra:-} > ${ST:-~/st}/fit$g.log 2>&1 &&
+    bash ~/repo/docs/gpu/pack.sh ~/w/run$g ${ST:-~/st}/run$g || touch ${ST:-~/st}/fit$g.failed ) &
 done
 wait
 echo "$(date +%T) all done"; touch ${ST:-~/st}/all.done

@@ -102,7 +102,10 @@ def cmd_data(args) -> None:
         backend.close()
     c = m["counts"]
     print(f"{args.out}: {c['sequences']} sequences, {c['tokens']} tokens ({c['response_tokens']} generated), "
-          f"{c['prompts_consumed']} prompts consumed")
+          f"prompt ranks up to {c['prompts_consumed']} done")
+    if c["sequences"] == 0:
+        print(f"warning: no sequence generated (--first-prompt {args.first_prompt}, -n {args.n_prompts}, "
+              f"{len(prompts)} prompts in the order)", file=sys.stderr)
 
 
 def _fit_options(args):
@@ -215,11 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=None, help="prompt file from `tfm-train prompts` (no llama.cpp needed)")
     p.add_argument("-n", "--n-prompts", type=int, default=10**9,
                    help="generate up to this prompt rank, exclusive (default all)")
-    p.add_argument("--first-prompt", type=int, default=0, metavar="RANK",
+    p.add_argument("--first-prompt", type=_nonnegative_int, default=0, metavar="RANK",
                    help="start at this rank of the prompt order: machines can each take one slice, e.g. "
                         "`-n 20000` on one and `--first-prompt 20000` on another (default 0)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="MIN",
-                   help="stop before a shard that would end after MIN minutes; the same command resumes")
+    p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
+                   help="stop before a shard that would end after MIN minutes of generation (model loading "
+                        "not counted); the same command resumes")
     _selection_args(p)
     p.add_argument("--backend", choices=["llama", "torch"], default="llama",
                    help="llama: Engine, one prompt at a time; torch: batched on a GPU (default llama)")
@@ -303,6 +307,14 @@ _FIT_HELP = {
                "are logged as heldout_loss / heldout_tau ",
     "eval_every": "steps between held-out evaluations ",
 }
+
+
+def _nonnegative_int(text: str) -> int:
+    """argparse type: an int ≥ 0."""
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
 
 
 def _positive_float(text: str) -> float:
