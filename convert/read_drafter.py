@@ -84,7 +84,7 @@ def _dequantize(f, e: TensorEntry) -> np.ndarray:
         out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
     except NotImplementedError:
         raise ConvertError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
-    return np.asarray(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))
+    return np.array(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))  # a writable copy
 
 
 def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
