@@ -734,3 +734,76 @@ def test_chunked_head_loss_equals_one_shot_loss_and_gradient():
     torch.testing.assert_close(g1, g2)
     ref = (torch.nn.functional.cross_entropy(h.detach() @ head.T, labels, reduction="none") * w).sum()
     torch.testing.assert_close(t1, ref)
+
+
+def test_soft_targets_chunked_equal_one_shot_and_reference():
+    """The distillation mix: (1-a) CE(label) + a CE(softmax(target logits)), chunked = one shot, and
+    no gradient flows into the target's hidden states."""
+    from tfm_local.train.recipe import _chunked_head_loss
+
+    g = torch.Generator().manual_seed(1)
+    head = torch.randn(50, 8, generator=g)
+    h = torch.randn(23, 8, generator=g, requires_grad=True)
+    ht = torch.randn(23, 8, generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (23,), generator=g)
+    w = torch.rand(23, generator=g)
+    lm_head = lambda x: x @ head.T  # noqa: E731
+    results = []
+    for chunk in (1000, 4):
+        h.grad = None
+        total, _ = _chunked_head_loss(lm_head, h, labels, w, autocast=False, chunk=chunk, soft=(ht, 0.3))
+        total.backward()
+        results.append((total.detach(), h.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])
+    assert ht.grad is None
+    logp = torch.log_softmax(h.detach() @ head.T, -1)
+    p_t = torch.softmax(ht.detach() @ head.T, -1)
+    ref = ((0.7 * torch.nn.functional.nll_loss(logp, labels, reduction="none") - 0.3 * (p_t * logp).sum(-1)) * w).sum()
+    torch.testing.assert_close(results[0][0], ref)
+
+
+def test_soft_targets_read_the_state_before_each_label(smoke, monkeypatch):
+    """block_loss gives the distillation term, for the label at position p = anchor + k, the target's
+    final state at p - 1 (the one whose logits predict token p), on random token ids (the smoke
+    corpus repeats itself too much for an off-by-one to show in the labels)."""
+    from tfm_local.train import recipe
+    from tfm_local.train.batching import make_batch
+    from tfm_local.train.checks import load_torch_drafter
+    from tfm_local.train.corpus import Sequence
+    from tfm_local.train.target_torch import TorchTarget
+
+    drafter = load_torch_drafter(smoke.paths["checkpoint"])
+    target = TorchTarget(smoke.paths["target"])
+    rng = np.random.default_rng(5)
+    seqs = [Sequence(rng.integers(3, 200, size=n).astype(np.int32), 4, i) for i, n in enumerate((40, 55, 31))]
+    b = make_batch(seqs, 4, 16, drafter.config.mask_token_id, 256, rng)
+    seen = {}
+    real = recipe._chunked_head_loss
+
+    def spy(lm_head, h, labels, w, autocast, chunk=recipe.HEAD_CHUNK, soft=None):
+        seen["rows"], seen["labels"] = soft[0], labels
+        return real(lm_head, h, labels, w, autocast, chunk, soft)
+
+    monkeypatch.setattr(recipe, "_chunked_head_loss", spy)
+    recipe.block_loss(drafter, target, b, recipe.position_weights(16, 7.0), 16, False, soft_weight=0.5)
+    _, final = target.layer_inputs_and_final(b.ids, drafter.feature_layers)
+    want = [final[i, b.anchors[i, a] + k - 1] for i in range(len(seqs)) for a in range(4) for k in range(16)
+            if b.labels[i, a * 16 + k] != IGNORE]
+    assert torch.equal(seen["labels"], b.labels[b.labels != IGNORE])
+    torch.testing.assert_close(seen["rows"], torch.stack(want))
+    with pytest.raises(TrainError, match="need all"):
+        TorchTarget(smoke.paths["target"], n_layers=1).layer_inputs_and_final(b.ids, [1])
+
+
+def test_fit_with_soft_targets_learns(smoke, tmp_path):
+    """--soft-weight: the fit loads the whole target, runs, and its loss falls."""
+    import dataclasses
+
+    from tfm_local.train.fit import config_from_dict, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    config = config_from_dict(load_checkpoint(smoke.paths["checkpoint"])["config"])
+    fit(corpus, target, tmp_path / "s", dataclasses.replace(_opts(30), soft_weight=0.5), config, progress=False)
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "s" / "log.jsonl").read_text().splitlines() if "loss" in x]
+    assert all(np.isfinite(losses)) and np.mean(losses[-5:]) < np.mean(losses[:5])

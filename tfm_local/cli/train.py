@@ -116,7 +116,7 @@ def _fit_options(args):
                       anchors=args.anchors, gamma=args.gamma, max_len=args.max_len, seed=args.seed,
                       save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every,
                       time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget,
-                      holdout=args.holdout, eval_every=args.eval_every)
+                      holdout=args.holdout, eval_every=args.eval_every, soft_weight=args.soft_weight)
 
 
 def cmd_fit(args) -> None:
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),
                       ("weight-decay", float), ("grad-clip", float), ("batch-tokens", int), ("anchors", int),
                       ("gamma", float), ("max-len", int), ("seed", int), ("save-every", int), ("log-every", int),
-                      ("holdout", int), ("eval-every", int)):
+                      ("holdout", int), ("eval-every", int), ("soft-weight", _unit_float)):
         key = name.replace("-", "_")
         p.add_argument(f"--{name}", type=typ, default=d[key], help=f"{_FIT_HELP.get(key, '')}(default {d[key]})")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
@@ -306,7 +306,17 @@ _FIT_HELP = {
     "holdout": "corpus sequences set aside (the last N), never trained on; their loss and acceptance proxy "
                "are logged as heldout_loss / heldout_tau ",
     "eval_every": "steps between held-out evaluations ",
+    "soft_weight": "weight in [0, 1] of the cross-entropy against the target's whole next-token distribution "
+                   "(distillation; the rest is the greedy label's) ",
 }
+
+
+def _unit_float(text: str) -> float:
+    """argparse type: a float in [0, 1]."""
+    v = float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return v
 
 
 def _nonnegative_int(text: str) -> int:

@@ -122,7 +122,7 @@ class _Run:
         if source is not None:
             self.drafter.load_state_dict(source.state)
         self.target = TorchTarget(target, self.device, torch.bfloat16 if self.cuda else torch.float32,
-                                  n_layers=max(self.drafter.feature_layers))
+                                  n_layers=None if opts.soft_weight > 0 else max(self.drafter.feature_layers))
         self.plans = [plan_batches([min(len(s.ids), opts.max_len) for s in self.seqs], opts.batch_tokens,
                                    opts.seed, e) for e in range(opts.epochs)]
         self.total = sum(len(p) for p in self.plans)
@@ -256,7 +256,7 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
             for g in run.optim.param_groups:
                 g["lr"] = lr
             loss, correct = block_loss(run.drafter, run.target, batch.to(run.device), weights,
-                                       run.config.block_size, run.cuda)
+                                       run.config.block_size, run.cuda, opts.soft_weight)
             run.optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), opts.grad_clip)

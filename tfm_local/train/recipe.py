@@ -8,6 +8,12 @@ weighted ``w_k = exp(-(k-1)/γ)`` (early positions matter most: a draft is
 accepted left to right). Embedding and LM head are the target's, frozen.
 bf16 autocast on CUDA, float32 on the CPU.
 
+With ``soft_weight`` α > 0 each position's loss is (1 − α)·CE(label) + α·CE(p_target),
+the cross-entropy against the target's whole next-token distribution (from the
+PyTorch target's final hidden state at the previous position and its LM head):
+knowledge distillation on top of the greedy label, as in the EAGLE/Medusa
+drafter recipes.
+
 The acceptance proxy is the expected accepted length of a greedy chain if
 the drafter's top-1 were checked against the labels (the target's greedy
 tokens): mean over anchors of Σ_k Π_{j≤k} 1[top1_j = label_j].
@@ -46,6 +52,8 @@ class FitOptions:
         holdout: corpus sequences never trained on (the last ones, ``heldout``);
             their loss and acceptance proxy are logged every ``eval_every``
             steps and at the end (0 = none).
+        soft_weight: α of the distillation term (0 = labels only; the held-out
+            loss is always the label cross-entropy, comparable across runs).
     """
 
     epochs: int = 6
@@ -65,6 +73,7 @@ class FitOptions:
     time_budget_s: float | None = None
     holdout: int = 0
     eval_every: int = 100
+    soft_weight: float = 0.0
 
 
 def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:
@@ -96,19 +105,25 @@ def acceptance_proxy(correct: torch.Tensor, anchor_ok: torch.Tensor) -> float:
 
 
 def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor, block: int,
-               autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               autocast: bool, soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted cross-entropy of one batch and the top-1 agreement per block position.
 
     Args:
         drafter: the model being trained. target: a ``TorchTarget`` (features,
-            embedding, LM head; frozen). batch: on the target's device.
+            embedding, LM head; frozen; every block loaded when ``soft_weight`` > 0).
+        batch: on the target's device.
         weights: ``[block]`` from ``position_weights``. autocast: bf16 autocast (CUDA).
+        soft_weight: α in [0, 1] of the cross-entropy against the target's distribution.
     Returns:
         (scalar loss, bool correct ``[B, A, block-1]``).
     """
     B, L = batch.ids.shape
     A = batch.anchors.shape[1]
-    feats = target.layer_inputs(batch.ids, drafter.feature_layers).float()
+    if soft_weight > 0:
+        feats, final = target.layer_inputs_and_final(batch.ids, drafter.feature_layers)
+    else:
+        feats, final = target.layer_inputs(batch.ids, drafter.feature_layers), None
+    feats = feats.float()
     noise = target.embed(batch.noise).float()  # residual stream in float32; matmuls autocast
     mask = block_mask(batch.anchors, L, block)
     with torch.autocast(device_type=batch.ids.device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -117,7 +132,11 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
         hs = h[sel]
     labels = batch.labels[sel]
     w = weights.repeat(A)[None, :].expand(B, -1)[sel]
-    total, hits = _chunked_head_loss(target.lm_head, hs, labels, w, autocast)
+    soft = None
+    if final is not None:  # the label at position p is predicted by the target's state at p - 1
+        rows = torch.arange(B, device=h.device)[:, None].expand(-1, A * block)[sel]
+        soft = (final[rows, batch.noise_pos[sel] - 1], soft_weight)
+    total, hits = _chunked_head_loss(target.lm_head, hs, labels, w, autocast, soft=soft)
     loss = total / w.sum().clamp(min=1e-9)
     correct = torch.zeros(B, A * block, dtype=torch.bool, device=h.device)
     correct[sel] = hits
@@ -127,17 +146,26 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
 HEAD_CHUNK = 8192  # rows of the LM head computed at once: bounds the [rows, n_vocab] logits in memory
 
 
-def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool):
+def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool,
+             h_target: torch.Tensor | None = None, alpha: float = 0.0):
     with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = lm_head(h).float()
     ce = F.cross_entropy(logits, labels, reduction="none")
+    if h_target is not None:
+        with torch.no_grad(), torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
+            p_target = torch.softmax(lm_head(h_target).float(), dim=-1)
+        soft = -(p_target * torch.log_softmax(logits, dim=-1)).sum(-1)
+        ce = (1 - alpha) * ce + alpha * soft
     return (ce * w).sum(), logits.argmax(-1) == labels
 
 
 def _chunked_head_loss(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool,
-                       chunk: int = HEAD_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+                       chunk: int = HEAD_CHUNK, soft: tuple[torch.Tensor, float] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ w·CE(lm_head(h), labels) and top-1 hits, ``chunk`` rows at a time.
 
+    ``soft = (h_target, α)`` mixes in α·CE against softmax(lm_head(h_target)) row by row
+    (``h_target``: the target's final hidden states, one row per row of ``h``; no gradient).
     Each chunk runs under activation checkpointing, so the ``[rows, n_vocab]``
     logits are never kept for the backward pass (they are recomputed): memory
     is O(chunk · n_vocab) whatever the number of block positions.
@@ -147,11 +175,13 @@ def _chunked_head_loss(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.
     total = h.new_zeros((), dtype=torch.float32)
     hits = []
     for i in range(0, h.shape[0], chunk):
-        args = (h[i:i + chunk], labels[i:i + chunk], w[i:i + chunk])
+        args = (h[i:i + chunk], labels[i:i + chunk], w[i:i + chunk], autocast)
+        if soft is not None:
+            args += (soft[0][i:i + chunk], soft[1])
         if torch.is_grad_enabled() and h.requires_grad:
-            s, hit = checkpoint(_head_ce, lm_head, *args, autocast, use_reentrant=False)
+            s, hit = checkpoint(_head_ce, lm_head, *args, use_reentrant=False)
         else:
-            s, hit = _head_ce(lm_head, *args, autocast)
+            s, hit = _head_ce(lm_head, *args)
         total = total + s
         hits.append(hit)
     return total, torch.cat(hits) if hits else labels.new_zeros(0, dtype=torch.bool)

@@ -124,6 +124,21 @@ class TorchTarget:
         Raises:
             TrainError: a layer index outside the loaded blocks.
         """
+        return self._forward(ids, layers, final=False)[0]
+
+    @torch.no_grad()
+    def layer_inputs_and_final(self, ids: torch.Tensor, layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer_inputs`` and the final hidden states after the output norm, ``[B, T, n_embd]``
+        (``lm_head`` of row t gives the target's logits for the token at t + 1).
+
+        Raises:
+            TrainError: as ``layer_inputs``, or not every block loaded.
+        """
+        if self.n_loaded < self.hp.n_layer:
+            raise TrainError(f"the final hidden states need all {self.hp.n_layer} blocks, {self.n_loaded} loaded")
+        return self._forward(ids, layers, final=True)
+
+    def _forward(self, ids: torch.Tensor, layers: Sequence[int], final: bool):
         bad = [il for il in layers if not 0 <= il <= min(self.n_loaded, self.hp.n_layer - 1)]
         if not layers or bad:
             raise TrainError(f"layer inputs {bad or list(layers)} are not available: the target has "
@@ -131,16 +146,18 @@ class TorchTarget:
         want = {il: None for il in layers}
         x = self.embed(ids)
         pos = torch.arange(ids.shape[1], device=self.device)
-        for il in range(max(layers) + 1):
+        last = self.hp.n_layer if final else max(layers)
+        for il in range(last + 1):
             if il in want:
                 want[il] = x
-            if il == max(layers):
+            if il == last:
                 break
             b = self.blocks[il]
             q, k, v = self._qkv(b, x, pos)
             x = x + attention(q, k, v, None, causal=True) @ b["attn_output"].T
             x = x + self._mlp(b, x)
-        return torch.cat([want[il] for il in layers], dim=-1)
+        feats = torch.cat([want[il] for il in layers], dim=-1)
+        return feats, (rms_norm(x, self.out_norm, self.hp.rms_eps) if final else None)
 
     # -- cached decoding -------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int, key_ok: torch.Tensor) -> KVCache:
