@@ -712,55 +712,47 @@ def test_cli_parity_export_and_errors(smoke, tmp_path, capsys):
     assert e.value.code == 2 and "not a corpus folder" in capsys.readouterr().err
 
 
-def test_chunked_head_loss_equals_one_shot_loss_and_gradient():
-    """Checkpointed chunks of the LM head give the loss, hits and input gradient of one big chunk."""
+def _head_runs(soft_weight: float):
+    """A random LM head problem run in one chunk and in chunks of 5: (head, h, ht, labels, w, results),
+    results = [(total, hits, grad of h)] per chunking; ht (the target's states) only with soft_weight > 0."""
     from tfm_local.train.recipe import _chunked_head_loss
 
     g = torch.Generator().manual_seed(0)
     head = torch.randn(50, 8, generator=g)
     h = torch.randn(23, 8, generator=g, requires_grad=True)
+    ht = torch.randn(23, 8, generator=g, requires_grad=True)
     labels = torch.randint(0, 50, (23,), generator=g)
     w = torch.rand(23, generator=g)
-    lm_head = lambda x: x @ head.T  # noqa: E731
+    soft = (ht, soft_weight) if soft_weight > 0 else None
     results = []
     for chunk in (1000, 5):
         h.grad = None
-        total, hits = _chunked_head_loss(lm_head, h, labels, w, autocast=False, chunk=chunk)
+        total, hits = _chunked_head_loss(lambda x: x @ head.T, h, labels, w, autocast=False, chunk=chunk, soft=soft)
         total.backward()
         results.append((total.detach(), hits, h.grad.clone()))
     (t1, k1, g1), (t2, k2, g2) = results
     torch.testing.assert_close(t1, t2)
     assert torch.equal(k1, k2) and k1.dtype == torch.bool and k1.shape == (23,)
     torch.testing.assert_close(g1, g2)
-    ref = (torch.nn.functional.cross_entropy(h.detach() @ head.T, labels, reduction="none") * w).sum()
-    torch.testing.assert_close(t1, ref)
+    return head, h.detach(), ht, labels, w, t1
+
+
+def test_chunked_head_loss_equals_one_shot_loss_and_gradient():
+    """Checkpointed chunks of the LM head give the loss, hits and input gradient of one big chunk."""
+    head, h, _, labels, w, total = _head_runs(0.0)
+    ref = (torch.nn.functional.cross_entropy(h @ head.T, labels, reduction="none") * w).sum()
+    torch.testing.assert_close(total, ref)
 
 
 def test_soft_targets_chunked_equal_one_shot_and_reference():
     """The distillation mix: (1-a) CE(label) + a CE(softmax(target logits)), chunked = one shot, and
     no gradient flows into the target's hidden states."""
-    from tfm_local.train.recipe import _chunked_head_loss
-
-    g = torch.Generator().manual_seed(1)
-    head = torch.randn(50, 8, generator=g)
-    h = torch.randn(23, 8, generator=g, requires_grad=True)
-    ht = torch.randn(23, 8, generator=g, requires_grad=True)
-    labels = torch.randint(0, 50, (23,), generator=g)
-    w = torch.rand(23, generator=g)
-    lm_head = lambda x: x @ head.T  # noqa: E731
-    results = []
-    for chunk in (1000, 4):
-        h.grad = None
-        total, _ = _chunked_head_loss(lm_head, h, labels, w, autocast=False, chunk=chunk, soft=(ht, 0.3))
-        total.backward()
-        results.append((total.detach(), h.grad.clone()))
-    torch.testing.assert_close(results[0][0], results[1][0])
-    torch.testing.assert_close(results[0][1], results[1][1])
+    head, h, ht, labels, w, total = _head_runs(0.3)
     assert ht.grad is None
-    logp = torch.log_softmax(h.detach() @ head.T, -1)
+    logp = torch.log_softmax(h @ head.T, -1)
     p_t = torch.softmax(ht.detach() @ head.T, -1)
     ref = ((0.7 * torch.nn.functional.nll_loss(logp, labels, reduction="none") - 0.3 * (p_t * logp).sum(-1)) * w).sum()
-    torch.testing.assert_close(results[0][0], ref)
+    torch.testing.assert_close(total, ref)
 
 
 def test_soft_targets_read_the_state_before_each_label(smoke, monkeypatch):
