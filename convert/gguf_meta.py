@@ -164,3 +164,19 @@ def _tensor_entry(info: tuple, data_start: int, size: int) -> TensorEntry:
     if begin + nbytes > size:
         raise EOFError(f"tensor {name!r} needs bytes up to {begin + nbytes}, the file has {size}")
     return TensorEntry(name, ne, type_id, begin, nbytes)
+
+
+def dequantize_tensor(raw: np.ndarray, e: TensorEntry) -> np.ndarray:
+    """Tensor ``e`` from its ``e.nbytes`` raw bytes (uint8 array) as a new float32 array in numpy
+    order (``ne`` reversed), never a view of ``raw``; types as ``gguf.quants.dequantize``.
+
+    Raises:
+        ConvertError: a type the gguf package cannot dequantize.
+    """
+    qt = gguf.GGMLQuantizationType(e.ggml_type)
+    rows = int(np.prod(e.ne[1:], dtype=np.int64)) if len(e.ne) > 1 else 1
+    try:
+        out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
+    except NotImplementedError:
+        raise ConvertError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
+    return np.array(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))

@@ -14,17 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-import gguf
-
 from .errors import ConvertError
-from .gguf_meta import TensorEntry, read_gguf_meta
+from .gguf_meta import dequantize_tensor, read_gguf_meta
 from .layout import GLOBAL_NAMES, LAYER_NAMES, expected_shapes
 from .target_info import MASK_TOKEN_KEY
 from .writer import ARCH
+from .zlab import DFlashConfig
 
 #: GGUF names of the target's embedding and LM head, which some drafter files carry: skipped.
 SHARED_GGUF_NAMES = frozenset({"token_embd.weight", "output.weight"})
-from .zlab import DFlashConfig
 
 
 def hf_name(gguf_tensor: str) -> str:
@@ -74,19 +72,6 @@ def _config(kv: dict, path: Path, vocab_size: int | None, num_target_layers: int
         num_target_layers=num_target_layers)
 
 
-def _dequantize(f, e: TensorEntry) -> np.ndarray:
-    """Tensor ``e`` of the open file ``f`` as a float32 array in numpy order (read, not mapped)."""
-    qt = gguf.GGMLQuantizationType(e.ggml_type)
-    f.seek(e.begin)
-    raw = np.frombuffer(f.read(e.nbytes), dtype=np.uint8)
-    rows = int(np.prod(e.ne[1:], dtype=np.int64)) if len(e.ne) > 1 else 1
-    try:
-        out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
-    except NotImplementedError:
-        raise ConvertError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
-    return np.array(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))  # a writable copy
-
-
 def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
                       num_target_layers: int = 0) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
     """Config and float32 weights of a DFlash drafter GGUF.
@@ -129,5 +114,9 @@ def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
         if tuple(reversed(entries[name].ne)) != shape:
             raise ConvertError(f"{path}: tensor {entries[name].name} has shape "
                                f"{tuple(reversed(entries[name].ne))}, the config needs {shape}")
-    with open(path, "rb") as f:
-        return config, {name: _dequantize(f, entries[name]) for name in shapes}
+    weights = {}
+    with open(path, "rb") as f:  # read, not mapped: an error leaves no exported view of a map behind
+        for name in shapes:
+            f.seek(entries[name].begin)
+            weights[name] = dequantize_tensor(np.frombuffer(f.read(entries[name].nbytes), np.uint8), entries[name])
+    return config, weights

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-import gguf
 from tfm_convert import ConvertError
-from tfm_convert.gguf_meta import TensorEntry, read_gguf_meta
+from tfm_convert.gguf_meta import TensorEntry, dequantize_tensor, read_gguf_meta
 
 from .errors import TrainError
 
@@ -84,15 +83,10 @@ class GGUFTensors:
         e = self.entries.get(name)
         if e is None:
             raise TrainError(f"{self.path.name} has no tensor {name!r}")
-        qt = gguf.GGMLQuantizationType(e.ggml_type)
-        raw = np.frombuffer(self._map, dtype=np.uint8, count=e.nbytes, offset=e.begin)
-        rows = int(np.prod(e.ne[1:], dtype=np.int64)) if len(e.ne) > 1 else 1
-        try:
-            out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
-        except NotImplementedError:
-            raise TrainError(f"{self.path.name}: tensor {name} has type {qt.name}, "
-                             "which gguf cannot dequantize") from None
-        return np.array(out.reshape(tuple(reversed(e.ne))), dtype=np.float32, copy=True)  # never a view of the map
+        try:  # a copy, never a view of the map
+            return dequantize_tensor(np.frombuffer(self._map, dtype=np.uint8, count=e.nbytes, offset=e.begin), e)
+        except ConvertError as err:
+            raise TrainError(f"{self.path.name}: {err}") from None
 
     def close(self) -> None:
         """Release the memory map (idempotent)."""
