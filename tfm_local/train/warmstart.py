@@ -97,15 +97,11 @@ def _load_checkpoint(path: Path) -> InitSource:
     return InitSource(config, {k: v.detach().float().cpu() for k, v in state.items()}, record)
 
 
-def _load_gguf(path: Path, target: str | os.PathLike | None) -> InitSource:
+def _load_gguf(path: Path, info) -> InitSource:
+    """A drafter GGUF; ``info`` (the target's TargetInfo, or None) gives a vocabulary-less file its size."""
     from tfm_convert.read_drafter import read_drafter_gguf
 
-    vocab, depth = None, 0
-    if target is not None:
-        from tfm_convert.target_info import read_target_info
-
-        info = read_target_info(target)
-        vocab, depth = info.n_vocab, info.n_layer
+    vocab, depth = (info.n_vocab, info.n_layer) if info is not None else (None, 0)
     config, weights = read_drafter_gguf(path, vocab, depth)
     record = {"path": str(path.resolve()), "kind": "gguf", "files": [path.name], "sha256": sha256_files([path])}
     return InitSource(config, {k: torch.from_numpy(v) for k, v in weights.items()}, record)
@@ -133,15 +129,19 @@ def load_init_source(path: str | os.PathLike, target: str | os.PathLike | None =
     if not path.exists():
         raise FileNotFoundError(f"--init-from {path}: no such file or folder")
     try:
+        info = None
+        if target is not None:
+            from tfm_convert.target_info import read_target_info
+
+            info = read_target_info(target)
         if path.is_dir():
             src = _load_zlab(path)
         else:
-            src = _load_gguf(path, target) if _is_gguf(path) else _load_checkpoint(path)
-        if target is not None:
-            from tfm_convert.target_info import read_target_info
+            src = _load_gguf(path, info) if _is_gguf(path) else _load_checkpoint(path)
+        if info is not None:
             from tfm_convert.validate import check_against_target
 
-            check_against_target(src.config, read_target_info(target))
+            check_against_target(src.config, info)
     except ConvertError as e:
         raise TrainError(f"--init-from {path}: {e}") from None
     return src
