@@ -150,12 +150,12 @@ def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, au
              h_target: torch.Tensor | None = None, alpha: float = 0.0):
     with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = lm_head(h).float()
-    ce = F.cross_entropy(logits, labels, reduction="none")
+    logp = torch.log_softmax(logits, dim=-1)  # one log-softmax over the vocabulary serves both terms
+    ce = F.nll_loss(logp, labels, reduction="none")
     if h_target is not None:
         with torch.no_grad(), torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
             p_target = torch.softmax(lm_head(h_target).float(), dim=-1)
-        soft = -(p_target * torch.log_softmax(logits, dim=-1)).sum(-1)
-        ce = (1 - alpha) * ce + alpha * soft
+        ce = (1 - alpha) * ce + alpha * -(p_target * logp).sum(-1)
     return (ce * w).sum(), logits.argmax(-1) == labels
 
 
