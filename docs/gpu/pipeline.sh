@@ -6,6 +6,7 @@
 #    per GPU (greedy, torch backend), each stopped by GEN_MIN minutes;
 # 2. fit: one run per GPU of FIT_GPUS (default: every GPU) on all slices together,
 #    all starting from INIT, the same recipe except the per-GPU extra options FIT0, FIT1, ...;
+# 2b. the corpus as a tar in 16 MiB pieces in ${ST:-~/st}/corpus/;
 # 3. each run's GGUFs without vocabulary, log and held-out scores packed in ${ST:-~/st}/<run>/
 #    as 16 MiB pieces (what a call can bring back).
 # Environment: PROMPTS (prompt .npz), INIT (drafter to start from), GEN_MIN, MAXNEW,
@@ -31,6 +32,8 @@ wait
 while pgrep -f "tfm_local.cli.train data" > /dev/null; do sleep 5; done
 ls ${ST:-~/st}/gen*.failed 2> /dev/null && { echo "$(date +%T) corpus generation failed"; exit 1; }
 echo "$(date +%T) corpus done"; touch ${ST:-~/st}/gen.done
+# the corpus comes back in 16 MiB pieces (a later session can carry it up instead of generating it)
+mkdir -p ${ST:-~/st}/corpus && tar cf - -C ~/w $(cd ~/w && ls -d c[0-9]*) | split -b 16M -d -a 2 - ${ST:-~/st}/corpus/c.tar.
 for g in ${FIT_GPUS:-$(seq 0 $((NGPU - 1)))}; do
   extra=FIT$g
   ( CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train fit --corpus "${corpora[@]}" --target $T --out ~/w/run$g \
