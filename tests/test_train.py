@@ -799,3 +799,33 @@ def test_fit_with_soft_targets_learns(smoke, tmp_path):
     fit(corpus, target, tmp_path / "s", dataclasses.replace(_opts(30), soft_weight=0.5), config, progress=False)
     losses = [json.loads(x)["loss"] for x in (tmp_path / "s" / "log.jsonl").read_text().splitlines() if "loss" in x]
     assert all(np.isfinite(losses)) and np.mean(losses[-5:]) < np.mean(losses[:5])
+
+
+def test_grow_layers_starts_as_the_source_and_trains_the_new_layer(smoke, tmp_path):
+    """--grow-layers 2 from the 1-layer smoke drafter: layer 0 is the source's, layer 1's output projections
+    are zero, so the first step's loss equals the plain warm start's; training then opens layer 1; growing
+    to as many layers as the source has, or without a source, is a clear error."""
+    from tfm_local.train.fit import fit
+
+    target, corpus, hf = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus", smoke.paths["hf"]
+    fit(corpus, target, tmp_path / "grown0", _opts(0), None, progress=False, init_from=hf, grow=2)
+    ck = load_checkpoint(tmp_path / "grown0" / "checkpoint.pt")
+    src = _source_tensors(hf)
+    assert ck["config"]["num_hidden_layers"] == 2 and ck["init_from"]["grown_from_layers"] == 1
+    for k, v in src.items():
+        assert torch.equal(ck["model"][k], v), k
+    for k in ("layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"):
+        assert not ck["model"][k].any(), k
+    assert ck["model"]["layers.1.self_attn.q_proj.weight"].abs().sum() > 0  # the model's own init, not zeros
+    loss = {}
+    for name, grow in (("warm", None), ("grown", 2)):
+        fit(corpus, target, tmp_path / name, _opts(3), None, progress=False, init_from=hf, grow=grow)
+        lines = [json.loads(x) for x in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        loss[name] = [x for x in lines if x.get("step") == 1][0]["loss"]
+    assert loss["grown"] == pytest.approx(loss["warm"], rel=1e-5), loss
+    trained = load_checkpoint(tmp_path / "grown" / "checkpoint.pt")["model"]
+    assert trained["layers.1.self_attn.o_proj.weight"].abs().sum() > 0
+    with pytest.raises(TrainError, match="has 1 layers already"):
+        fit(corpus, target, tmp_path / "bad", _opts(0), None, progress=False, init_from=hf, grow=1)
+    with pytest.raises(TrainError, match="needs the drafter to grow"):
+        fit(corpus, target, tmp_path / "bad2", _opts(0), None, progress=False, grow=2)

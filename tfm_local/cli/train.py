@@ -129,7 +129,7 @@ def cmd_fit(args) -> None:
     # the shape options given: a new drafter's shape; checked against a resumed or warm-start drafter's
     shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token)
     ckpt = fit(args.corpus, target, args.out, _fit_options(args), None, _device(args.device),
-               restart=args.restart, init_from=args.init_from, shape=shape)
+               restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers)
     print(f"checkpoint: {ckpt}")
     if not args.no_export:
         for k, p in export(ckpt, target, f"{args.out}/export", tuple(args.outtype)).items():
@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model.safetensors, a checkpoint.pt, or a drafter GGUF of any type, e.g. the shipped "
                         "q4_0 one: its dequantized values), fresh optimiser and schedule; its shape is "
                         "kept (--layers/--ffn, if given, must match); ignored once --out holds a checkpoint")
+    p.add_argument("--grow-layers", type=int, default=None, metavar="N",
+                   help="with --init-from: deepen that drafter to N layers, the new ones appended with zero "
+                        "output projections (they start as the identity: the same predictions at step 0)")
     d = _fit_defaults()
     for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),
                       ("weight-decay", float), ("grad-clip", float), ("batch-tokens", int), ("anchors", int),

@@ -32,7 +32,7 @@ from .heldout import eval_batches, evaluate, split
 from .model import DFlashDraft
 from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
 from .timebudget import TimeBudget
-from .warmstart import ShapeRequest, load_init_source
+from .warmstart import ShapeRequest, grow_layers, load_init_source, load_source
 
 CKPT = "checkpoint.pt"
 
@@ -99,7 +99,7 @@ def load_corpora(corpora, ident: dict) -> tuple[str, list]:
 class _Run:
     """State of one fit: models, optimiser, plans, position."""
 
-    def __init__(self, corpus, target, out, opts, config, device, init_from=None, shape=None):
+    def __init__(self, corpus, target, out, opts, config, device, init_from=None, shape=None, grow=None):
         from .target_torch import TorchTarget
 
         self.out, self.opts, self.device = Path(out), opts, torch.device(device)
@@ -114,13 +114,15 @@ class _Run:
         self.cuda = self.device.type == "cuda"
         self.state = load_checkpoint(self.out / CKPT) if (self.out / CKPT).is_file() else None
         source = None if self.state or init_from is None else load_init_source(init_from, target)
+        if source is not None and grow is not None:
+            source = grow_layers(source, grow)
         self.init_record = self.state.get("init_from") if self.state else source and source.record
         self.config = self._resolve_config(target, config, source, shape)
         self._check_resume(ident)
         torch.manual_seed(opts.seed)  # the initial weights depend on the seed only
         self.drafter = DFlashDraft(self.config).to(self.device)
         if source is not None:
-            self.drafter.load_state_dict(source.state)
+            load_source(self.drafter, source)
         self.target = TorchTarget(target, self.device, torch.bfloat16 if self.cuda else torch.float32,
                                   n_layers=None if opts.soft_weight > 0 else max(self.drafter.feature_layers))
         self.plans = [plan_batches([min(len(s.ids), opts.max_len) for s in self.seqs], opts.batch_tokens,
@@ -204,7 +206,7 @@ class _Run:
 def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike, opts: FitOptions,
         config: DFlashConfig | None = None, device: str = "cpu", progress: bool = True,
         restart: bool = False, init_from: str | os.PathLike | None = None,
-        shape: ShapeRequest | None = None) -> Path:
+        shape: ShapeRequest | None = None, grow: int | None = None) -> Path:
     """Train (or resume training) a drafter; returns the final checkpoint path.
 
     Args:
@@ -222,6 +224,8 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
         shape: drafter options given explicitly (``--layers`` ...): the shape of a
             new drafter when ``config`` is None; an error when the checkpoint's or
             the source's drafter differs.
+        grow: with ``init_from``, deepen the source drafter to this many layers first
+            (``warmstart.grow_layers``: appended layers that start as the identity).
     Raises:
         TrainError: corpus/target mismatch, resume with other options, a
             drafter of another shape, a source that does not fit the target.
@@ -234,7 +238,9 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
     out.mkdir(parents=True, exist_ok=True)
     if restart and (out / CKPT).exists():
         (out / CKPT).unlink()
-    run = _Run(corpus, target, out, opts, config, device, init_from, shape)
+    if grow is not None and init_from is None:
+        raise TrainError("growing a drafter (--grow-layers) needs the drafter to grow (--init-from)")
+    run = _Run(corpus, target, out, opts, config, device, init_from, shape, grow)
     weights = position_weights(run.config.block_size, opts.gamma, run.device)
     bar = tqdm(total=run.total, initial=run.step, desc="fit", unit="step", disable=not progress)
     ema_loss = ema_tau = None

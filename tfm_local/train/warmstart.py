@@ -11,6 +11,7 @@ checkpoint and log.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
@@ -145,6 +146,47 @@ def load_init_source(path: str | os.PathLike, target: str | os.PathLike | None =
     except ConvertError as e:
         raise TrainError(f"--init-from {path}: {e}") from None
     return src
+
+
+def grow_layers(src: InitSource, n_layers: int) -> InitSource:
+    """The source deepened to ``n_layers`` layers (``tfm-train fit --grow-layers``).
+
+    Its layers come first, unchanged; each new layer is appended before the final norm with its two
+    residual-branch output projections (``self_attn.o_proj``, ``mlp.down_proj``) at zero, so the
+    grown drafter computes exactly what the source computes, and training opens the new layers from
+    there (zero-initialised residual branches). The new layers' other weights are left out of
+    ``state``: the new model's own seeded initialisation gives them (:func:`load_grown`).
+    ``record`` gains ``"grown_from_layers"``.
+
+    Raises:
+        TrainError: ``n_layers`` is not above the source's layer count.
+    """
+    have = src.config.num_hidden_layers
+    if n_layers <= have:
+        raise TrainError(f"--grow-layers {n_layers}: the drafter to grow has {have} layers already")
+    c = src.config
+    zeros = {}
+    for il in range(have, n_layers):
+        zeros[f"layers.{il}.self_attn.o_proj.weight"] = torch.zeros(c.hidden_size, c.num_attention_heads * c.head_dim)
+        zeros[f"layers.{il}.mlp.down_proj.weight"] = torch.zeros(c.hidden_size, c.intermediate_size)
+    return InitSource(dataclasses.replace(c, num_hidden_layers=n_layers), {**src.state, **zeros},
+                      {**src.record, "grown_from_layers": have})
+
+
+def load_source(model: torch.nn.Module, src: InitSource) -> None:
+    """Load ``src.state`` into ``model``; of a grown source (:func:`grow_layers`) the new layers' weights
+    other than their zero output projections keep the model's initialisation.
+
+    Raises:
+        TrainError: names that fit neither (a source and model of different layouts).
+    """
+    grown = src.record.get("grown_from_layers")
+    missing, unexpected = model.load_state_dict(src.state, strict=False)
+    if grown is not None:
+        missing = [k for k in missing if not (k.startswith("layers.") and int(k.split(".")[1]) >= grown)]
+    if missing or unexpected:
+        raise TrainError(f"--init-from {src.record['path']}: weights do not fit the drafter "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
 @dataclass(frozen=True)
