@@ -10,7 +10,9 @@
 # 3. each run's GGUFs without vocabulary, log and held-out scores packed in ${ST:-~/st}/<run>/
 #    as 16 MiB pieces (what a call can bring back).
 # Environment: PROMPTS (prompt .npz), INIT (drafter to start from), GEN_MIN, MAXNEW,
-# FIT_MIN, NGPU (default: every GPU), FIT_GPUS, FIT0.. (extra fit options per GPU).
+# FIT_MIN, NGPU (default: every GPU), FIT_GPUS, FIT0.. (extra fit options per GPU; a later
+# --time-budget overrides FIT_MIN), FIT_AFTER0.. (a file the GPU's fit waits for), SKIP_GEN (corpora
+# already in ~/w/c0, c1, ...).
 set -uo pipefail
 . ~/env.sh
 mkdir -p ${ST:-~/st}
@@ -33,10 +35,11 @@ while pgrep -f "tfm_local.cli.train data" > /dev/null; do sleep 5; done
 ls ${ST:-~/st}/gen*.failed 2> /dev/null && { echo "$(date +%T) corpus generation failed"; exit 1; }
 echo "$(date +%T) corpus done"; touch ${ST:-~/st}/gen.done
 # the corpus comes back in 16 MiB pieces (a later session can carry it up instead of generating it)
-mkdir -p ${ST:-~/st}/corpus && tar cf - -C ~/w $(cd ~/w && ls -d c[0-9]*) | split -b 16M -d -a 2 - ${ST:-~/st}/corpus/c.tar.
+[ -z "${SKIP_GEN:-}" ] && mkdir -p ${ST:-~/st}/corpus && tar cf - -C ~/w $(cd ~/w && ls -d c[0-9]*) | split -b 16M -d -a 2 - ${ST:-~/st}/corpus/c.tar.
 for g in ${FIT_GPUS:-$(seq 0 $((NGPU - 1)))}; do
-  extra=FIT$g
-  ( CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train fit --corpus "${corpora[@]}" --target $T --out ~/w/run$g \
+  extra=FIT$g after=FIT_AFTER$g
+  ( while [ -n "${!after:-}" ] && [ ! -e "${!after}" ]; do sleep 5; done  # e.g. GPU 1 after cuda_checks.sh
+    CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train fit --corpus "${corpora[@]}" --target $T --out ~/w/run$g \
       --init-from "$INIT" --anchors 48 --batch-tokens 16384 --epochs 40 --save-every 100000 \
       --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype q4_0 q8_0 ${!extra:-} > ${ST:-~/st}/fit$g.log 2>&1 &&
     bash ~/repo/docs/gpu/pack.sh ~/w/run$g ${ST:-~/st}/run$g || touch ${ST:-~/st}/fit$g.failed ) &
