@@ -1,8 +1,11 @@
 """float32 numpy emulation of the scalar-gate CUDA kernels of ggml_gated_delta_net_tree (patch 0005,
 ggml-cuda/gated_delta_net_tree.cu: pairs, state, solve), on flat buffers with the kernels' own index
 formulas and thread/lane mapping (lanes vectorised), against the float64 per-path reference of
-tests/test_tree_gdn_ops.py. Run: PYTHONPATH=. .venv/bin/python docs/gdn_tree_cuda_emulation.py
-(needs the tfm-local build only because the test module imports tree_ops; about 3 s)."""
+tests/test_tree_gdn_ops.py. Both solve kernels run on the same pairs/state results: the first one
+(solve 1, gated_delta_net_tree_solve_f32) and the level-ordered one of patch 0013 (solve 2,
+gated_delta_net_tree_solve_levels_f32, TFM_CUDA_GDN_SOLVE=2). Run:
+PYTHONPATH=. .venv/bin/python docs/gdn_tree_cuda_emulation.py
+(needs the tfm-local build only because the test module imports tree_ops; about 5 s)."""
 import sys
 from pathlib import Path
 
@@ -13,7 +16,10 @@ from tests.test_tree_gdn_ops import make_tree, make_inputs, ref_tree
 f32 = np.float32
 WS = 32
 
-def run(q, k, v, g, beta, state, parents):
+def run(q, k, v, g, beta, state, parents, solves=(1, 2), order_rng=None):
+    """Kernels 1-2 once, then each solve kernel of ``solves`` on its own copy of their results;
+    returns {solve: (o, u, gamma, k copy)}. ``order_rng`` shuffles the nodes within a level for
+    solve 2 (the kernel's atomics leave that order free)."""
     B, N, H, S = v.shape
     B_k, _, H_k, _ = k.shape
     rk3 = B // B_k
@@ -100,6 +106,23 @@ def run(q, k, v, g, beta, state, parents):
                         for eb in range(4):
                             c = col0 + 4*tx + eb
                             if c < S: dst[base + c] = acc[4*ty + ea, 4*tx + eb]
+    pre = dst.copy()
+    out = {}
+    for solve in solves:
+        dst = pre.copy()
+        if solve == 1:
+            solve_owned(dst, coef, anc, vf, bf, pf, B, N, H, S, ps1, sv1, sv2, sv3, sb1, sb2, sb3,
+                        o_off, u_off, y_off, scale)
+        else:
+            solve_levels(dst, coef, anc, vf, bf, pf, B, N, H, S, ps1, sv1, sv2, sv3, sb1, sb2, sb3,
+                         o_off, u_off, y_off, scale, order_rng)
+        o = dst[o_off:u_off].reshape(B, N, H, S); u = dst[u_off:y_off].reshape(B, N, H, S)
+        y = dst[y_off:k_off].reshape(B, N, H, 1); kc = dst[k_off:].reshape(B_k, N, H_k, S)
+        out[solve] = (o, u, y, kc)
+    return out
+
+def solve_owned(dst, coef, anc, vf, bf, pf, B, N, H, S, ps1, sv1, sv2, sv3, sb1, sb2, sb3, o_off, u_off, y_off, scale):
+    lanes = np.arange(WS)
     # ---- kernel 3: solve, grid (H, B, S/32), 8 warps
     n_warps, MAX_N = 8, 128
     TPW = MAX_N // n_warps
@@ -159,32 +182,132 @@ def run(q, k, v, g, beta, state, parents):
                             oi = ((s*N + i)*H + h)*S + c
                             dst[o_off + oi] = acc*scale
                             dst[u_off + oi] = u_s[i]
-    o = dst[o_off:u_off].reshape(B, N, H, S); u = dst[u_off:y_off].reshape(B, N, H, S)
-    y = dst[y_off:k_off].reshape(B, N, H, 1); kc = dst[k_off:].reshape(B_k, N, H_k, S)
-    return o, u, y, kc
+
+def solve_levels(dst, coef, anc, vf, bf, pf, B, N, H, S, ps1, sv1, sv2, sv3, sb1, sb2, sb3, o_off, u_off, y_off,
+                 scale, order_rng=None):
+    """Kernel 3, level-ordered (patch 0013): grid (H, B, S/32), NW warps, lane = value column, dynamic
+    shared memory of N rows (a row index outside [0, N) fails here)."""
+    lanes = np.arange(WS)
+    MAX_N, NW = 128, 8
+    assert N <= MAX_N
+    RB = WS*4  # an_s holds ancestors as byte offsets j*C*4 into u_s
+    for h in range(H):
+        for s in range(B):
+            for bz in range(S // WS):
+                c = bz*WS + lanes
+                # prologue, phase 1: u_s, w_s (all warps); depth walk and beta (thread t < N)
+                u_s = np.full((N, WS), np.nan, f32); w_s = np.full((N, WS), np.nan, f32)
+                for i in range(N):  # warp i % NW
+                    oi = ((s*N + i)*H + h)*S + c
+                    e = f32(np.exp(dst[y_off + (s*N + i)*H + h]))
+                    u_s[i] = vf[s*sv3 + i*sv2 + h*sv1 + c] - e*dst[u_off + oi]
+                    w_s[i] = e*dst[o_off + oi]
+                dep_s = np.zeros(N, int); beta_s = np.zeros(N, f32)
+                for t in range(N):
+                    d = 0; cur = t; j = pf[s*ps1 + t]
+                    while 0 <= j < cur:
+                        d += 1; cur = j; j = pf[s*ps1 + cur]
+                    dep_s[t] = d; beta_s[t] = bf[s*sb3 + t*sb2 + h*sb1]
+                # phase 2, warp 0: counting sort by depth; the ranks come from shared atomics (any order)
+                lvs = np.zeros(MAX_N + 1, int); rk = np.zeros(N, int)
+                for t in (order_rng.permutation(N) if order_rng is not None else range(N)):
+                    rk[t] = lvs[dep_s[t]]; lvs[dep_s[t]] += 1
+                cn = lvs[:MAX_N].reshape(WS, 4).copy()        # lane l: depths 4l .. 4l+3 (registers)
+                tot = cn.sum(axis=1); inc = np.cumsum(tot)    # the warp's inclusive scan
+                run_ = inc - tot
+                for r in range(4):
+                    lvs[4*lanes + r] = run_; run_ = run_ + cn[:, r]
+                lvs[MAX_N] = run_[WS - 1]
+                assert lvs[MAX_N] == N
+                lvl_s = np.full(N, -1, int)
+                for t in range(N):
+                    lvl_s[lvs[dep_s[t]] + rk[t]] = t
+                assert (np.sort(lvl_s) == np.arange(N)).all()
+                # phase 2, all warps: the first 32 list entries, entry 0's q coefficient apart, padding
+                cf_s = np.full((N, WS, 2), np.nan, f32); an_s = np.full((N, WS), -1, int); cq0_s = np.zeros(N, f32)
+                for i in range(N):
+                    ln = dep_s[i] + 1
+                    cm = np.zeros((WS, 2), f32); jm = np.full(WS, i)
+                    ok = lanes < ln
+                    cm[ok] = coef[((s*H + h)*N + i)*N + lanes[ok]]
+                    jm[ok] = anc[(s*N + i)*N + lanes[ok]]
+                    cq0_s[i] = cm[0, 1]; cm[0] = 0
+                    cf_s[i] = cm; an_s[i] = jm*RB
+                # levels: a level's nodes read a snapshot (what the previous levels wrote)
+                d = 0
+                while True:
+                    beg, end = lvs[d], lvs[d + 1]
+                    ln = d + 1; nm = min(WS, ln)
+                    snap = u_s.copy()
+                    for p in range(beg, end):  # warp (p - beg) % NW
+                        i = lvl_s[p]
+                        assert dep_s[i] == d
+                        ak = np.zeros((4, WS), f32); aq = np.zeros((4, WS), f32)
+                        for m in range(0, nm, 4):
+                            for r in range(4):
+                                off = an_s[i, m + r]
+                                assert off % RB == 0 and 0 <= off // RB < N
+                                uj = snap[off // RB]
+                                ak[r] += cf_s[i, m + r, 0]*uj; aq[r] += cf_s[i, m + r, 1]*uj
+                        if ln > WS:
+                            crow = ((s*H + h)*N + i)*N; arow = (s*N + i)*N
+                            for m0 in range(WS, ln, WS):
+                                mm = m0 + lanes
+                                cm = np.zeros((WS, 2), f32); jm = np.full(WS, i)
+                                ok = mm < ln
+                                cm[ok] = coef[crow + mm[ok]]; jm[ok] = anc[arow + mm[ok]]
+                                for tt in range(0, min(WS, ln - m0), 4):
+                                    for r in range(4):
+                                        jt = jm[tt + r]
+                                        assert 0 <= jt < N
+                                        ak[r] += cm[tt + r, 0]*snap[jt]; aq[r] += cm[tt + r, 1]*snap[jt]
+                        sk = (ak[0] + ak[1]) + (ak[2] + ak[3]); sq = (aq[0] + aq[1]) + (aq[2] + aq[3])
+                        ui = beta_s[i]*(snap[i] - sk)
+                        oo = (w_s[i] + cq0_s[i]*ui + sq)*scale
+                        u_s[i] = ui
+                        oi = ((s*N + i)*H + h)*S + c
+                        dst[u_off + oi] = ui; dst[o_off + oi] = oo
+                    if end >= N:
+                        break
+                    d += 1
 
 def rel(a, b): return float(np.abs(a - b).max() / max(1.0, np.abs(b).max()))
 
 cases = [("ddtree", 64, 1, 1, 4, 2, 128, False), ("chain", 40, 1, 1, 4, 2, 32, False),
          ("bushy", 50, 2, 1, 6, 2, 64, True), ("forest", 5, 3, 3, 2, 1, 32, True), ("chain", 1, 1, 1, 2, 1, 64, False),
-         ("deep", 128, 1, 1, 2, 1, 32, False), ("chain70", 100, 1, 1, 4, 2, 128, False)]
-worst = [0, 0, 0]
+         ("deep", 128, 1, 1, 2, 1, 32, False), ("chain70", 100, 1, 1, 4, 2, 128, False),
+         # patch 0013's solve: N = 128 stars, chains (depth 127: four 32-entry blocks), bushy trees of
+         # several sequences, a DDTree-like tree at the Qwen3.6-27B head ratio, deep + chain per sequence
+         ("star", 128, 1, 1, 2, 1, 32, False), ("chain", 128, 1, 1, 2, 1, 32, False),
+         ("bushy", 128, 3, 1, 3, 1, 32, True), ("ddtree", 128, 2, 2, 3, 1, 128, True),
+         ("deepchain", 60, 2, 1, 4, 2, 64, True), ("chain", 33, 1, 1, 2, 2, 32, False),
+         ("star", 1, 2, 2, 2, 1, 32, True)]
+worst = {1: [0, 0, 0], 2: [0, 0, 0]}
+diff12 = [0, 0]
 for kind, N, B, Bk, H, H_k, S, per_seq in cases:
     rng = np.random.default_rng(N * 1000 + S + B)
     if kind == "chain70":  # paths up to ~90 deep: the list entries past 32
         parents = np.arange(-1, N - 1, dtype=np.int32)
         for i in range(70, N):
             parents[i] = int(rng.integers(-1, i))
+    elif kind == "deepchain":  # paths of 20-40 nodes and a 60-node chain (as the GPU test's last case)
+        parents = np.stack([make_tree("deep", N, rng, max_depth=40), make_tree("chain", N, rng)])
     else:
         parents = np.stack([make_tree(kind, N, rng) for _ in range(B)]) if per_seq else make_tree(kind, N, rng)
     q, k, v, g, beta, state = make_inputs(rng, B, N, H, H_k, S, False, B_k=Bk)
-    if kind == "chain70":
-        g *= 0.2
-    o, u, y, kc = run(q, k, v, g, beta, state, parents)
-    assert np.isfinite(o).all() and np.isfinite(u).all() and np.isfinite(y).all() and np.isfinite(kc).all(), "unwritten"
-    np.testing.assert_array_equal(kc, k)
+    if kind in ("chain70", "deepchain") or (kind == "chain" and N > 32):
+        g *= 0.2  # decays e^g in ~(0.87, 1): the deep ancestors still matter
+    res = run(q, k, v, g, beta, state, parents, order_rng=np.random.default_rng(N))
     ro, ru, rg = ref_tree(q, k, v, g, beta, state, parents)
-    e = (rel(o, ro), rel(u, ru), rel(y, rg))
-    worst = [max(a, b) for a, b in zip(worst, e)]
-    print(f"{kind:7s} N={N:3d} B={B} B_k={Bk} H={H} H_k={H_k} S={S:3d} per-seq={per_seq}:  o {e[0]:.2e}  u {e[1]:.2e}  gamma {e[2]:.2e}", flush=True)
-print("worst o %.2e u %.2e gamma %.2e" % tuple(worst))
+    for solve, (o, u, y, kc) in res.items():
+        assert np.isfinite(o).all() and np.isfinite(u).all() and np.isfinite(y).all() and np.isfinite(kc).all(), "unwritten"
+        np.testing.assert_array_equal(kc, k)
+        e = (rel(o, ro), rel(u, ru), rel(y, rg))
+        worst[solve] = [max(a, b) for a, b in zip(worst[solve], e)]
+        print(f"{kind:9s} N={N:3d} B={B} B_k={Bk} H={H} H_k={H_k} S={S:3d} per-seq={per_seq} solve {solve}:"
+              f"  o {e[0]:.2e}  u {e[1]:.2e}  gamma {e[2]:.2e}", flush=True)
+    d = (rel(res[2][0], res[1][0]), rel(res[2][1], res[1][1]))
+    diff12 = [max(a, b) for a, b in zip(diff12, d)]
+for solve in (1, 2):
+    print("solve %d worst: o %.2e u %.2e gamma %.2e" % (solve, *worst[solve]))
+print("solve 2 vs solve 1: o %.2e u %.2e" % tuple(diff12))

@@ -37,6 +37,7 @@ D=$(ls -t ~/.cache/tfm-local/drafters/*.gguf | head -1)
 G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 50 --repeat 8 --nodes 128"
 $G --json $O/gdn-solve1.json > $O/gdn-solve1.txt 2>&1
 TFM_CUDA_GDN_SOLVE=2 $G --json $O/gdn-solve2.json > $O/gdn-solve2.txt 2>&1
+TFM_CUDA_GDN_SOLVE=2 TFM_CUDA_GDN_SOLVE_WARPS=16 $G --json $O/gdn-solve2-w16.json > $O/gdn-solve2-w16.txt 2>&1
 for k in solve; do
   TFM_CUDA_GDN_SOLVE=2 TFM_CUDA_GDN_TREE_TWICE=$k $G --json $O/gdn-solve2-twice-$k.json > $O/gdn-solve2-twice-$k.txt 2>&1
 done
@@ -47,6 +48,8 @@ touch ${ST:-~/st}/gdn.done
 TESTS="tests/test_tree_gdn_ops.py tests/test_top_k_op.py tests/test_greedy_argmax.py tests/test_drafter_topk.py
   tests/test_tree_verify.py tests/test_tree_gdn_model.py"
 python3 -m pytest -q -p no:cacheprovider -ra $TESTS > $O/tests.log 2>&1
-TFM_CUDA_GDN_SOLVE=2 python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py tests/test_tree_gdn_model.py \
-  > $O/tests-solve2.log 2>&1
+for w in 8 16; do
+  TFM_CUDA_GDN_SOLVE=2 TFM_CUDA_GDN_SOLVE_WARPS=$w python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py \
+    tests/test_tree_gdn_model.py > $O/tests-solve2-w$w.log 2>&1
+done
 touch ${ST:-~/st}/cuda.done
