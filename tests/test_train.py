@@ -152,8 +152,14 @@ class _FakeBackend:
 
     name = "fake"
 
-    def generate(self, prompts, max_new):
+    def generate(self, prompts, max_new, key=0):
         return [[int(p.sum()) % 97, 1, 2][: max_new] for p in prompts]
+
+
+class _FakeSampler(_FakeBackend):
+    """A 'sampling' backend: the manifest records its temperature and seed."""
+
+    temperature, seed = 0.8, 5
 
 
 class _FakePrompts:
@@ -313,6 +319,67 @@ def test_feature_cosine_detects_wrong_rope(tmp_path, monkeypatch):
     monkeypatch.setitem(gguf_weights.ROPE_NEOX, "qwen2", False)
     rows = feature_cosines(target, [list(range(3, 60))], [3], threads=1)
     assert rows[0].mean < 0.99
+
+
+def test_sampled_corpus_records_its_decoding_and_is_other_data_than_greedy(tmp_path):
+    """The manifest records the decoding; a resume with another decoding is refused; a fit takes a greedy and
+    a sampled corpus of the same prompt ranks together, but not two greedy ones."""
+    from tfm_local.train.corpus import target_identity
+    from tfm_local.train.fit import load_corpora
+    from tfm_local.train.generate import build_corpus
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"pretend target")
+    kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False, n_prompts=10, shard_size=5)
+    build_corpus(tmp_path / "g", target, _FakePrompts(10), _FakeBackend(), **kw)
+    build_corpus(tmp_path / "g2", target, _FakePrompts(10), _FakeBackend(), **kw)
+    m = build_corpus(tmp_path / "s", target, _FakePrompts(10), _FakeSampler(), **kw)
+    assert m["generation"]["decoding"] == {"temperature": 0.8, "seed": 5}
+    assert load_corpus(tmp_path / "g")[0]["generation"]["decoding"] == "greedy"
+    with pytest.raises(TrainError, match="generation settings"):
+        build_corpus(tmp_path / "s", target, _FakePrompts(20), _FakeBackend(), **{**kw, "n_prompts": 20})
+    ident = target_identity(target)
+    _, seqs = load_corpora([tmp_path / "g", tmp_path / "s"], ident)
+    assert len(seqs) == 2 * len(load_corpus(tmp_path / "g")[1])
+    with pytest.raises(TrainError, match="share"):
+        load_corpora([tmp_path / "g", tmp_path / "g2"], ident)
+
+
+def _first_token_counts(backend, prompt, n):
+    toks = [r[0] for r in backend.generate([prompt] * n, 1, key=0)]
+    return np.bincount(toks, minlength=512)
+
+
+def test_torch_sampling_follows_the_target_distribution(tmp_path):
+    """At T = 0.7, 6,000 first tokens of one prompt: each token of probability > 2% (llama.cpp's logits)
+    within 5 binomial standard deviations of its probability, and so the mass of the tokens below 0.1%; seeded (same seed and key: the same
+    responses, another seed: others); T = 0 is the argmax."""
+    from tfm_local.train.generate import TorchBackend
+
+    target = synth.write_tiny_target(tmp_path / "t.gguf", n_layer=2, seed=4)
+    prompt = np.array([5, 17, 33, 2], dtype=np.int32)
+    eog = [int(synth.TinyVocab().special["<|im_end|>"])]
+    model = synth.load_model(target)
+    ctx = synth.new_context(model)
+    logits = synth.decode_tokens(ctx, prompt.tolist())[-1].astype(np.float64)
+    p = np.exp((logits - logits.max()) / 0.7)
+    p /= p.sum()
+    n = 6000
+    sampler = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=n, temperature=0.7, seed=1)
+    counts = _first_token_counts(sampler, prompt, n)[: len(p)]
+    big = p > 0.02
+    assert big.sum() >= 3, p.max()  # a spread distribution, or the test proves little
+    sd = np.sqrt(p * (1 - p) / n)
+    assert np.all(np.abs(counts[big] / n - p[big]) <= 5 * sd[big]), (counts[big] / n, p[big])
+    tail = p[p < 1e-3].sum()  # the many unlikely tokens together: no mass moved into or out of them
+    assert abs(counts[p < 1e-3].sum() / n - tail) <= 5 * np.sqrt(tail * (1 - tail) / n) + 1e-3, tail
+    rows = [np.array([5 + i, 9, 2 * i + 1], dtype=np.int32) for i in range(6)]
+    again = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=6, temperature=0.7, seed=1)
+    other = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=6, temperature=0.7, seed=2)
+    assert again.generate(rows, 12, key=3) == again.generate(rows, 12, key=3)
+    assert again.generate(rows, 12, key=3) != other.generate(rows, 12, key=3)
+    greedy = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=1)
+    assert greedy.generate([prompt], 1)[0][0] == int(np.argmax(logits))
 
 
 def test_torch_generation_equals_llama(tmp_path):
@@ -829,3 +896,23 @@ def test_grow_layers_starts_as_the_source_and_trains_the_new_layer(smoke, tmp_pa
         fit(corpus, target, tmp_path / "bad", _opts(0), None, progress=False, init_from=hf, grow=1)
     with pytest.raises(TrainError, match="needs the drafter to grow"):
         fit(corpus, target, tmp_path / "bad2", _opts(0), None, progress=False, grow=2)
+
+
+def test_llama_backend_samples_per_prompt_seed(tmp_path):
+    """LlamaBackend at T > 0: prompt i of a call is seeded by (seed, key + i): the same key gives the same
+    responses, a shard whose key differs gives others, and sampled responses differ from greedy ones."""
+    from tfm_local.train.generate import LlamaBackend
+
+    target = synth.write_tiny_target(tmp_path / "t.gguf", n_layer=2, seed=4)
+    prompts = [np.array([5 + i, 9, 2 * i + 1], dtype=np.int32) for i in range(4)]
+    greedy = LlamaBackend(target, n_ctx=128, n_gpu_layers=0, n_threads=1)
+    sampler = LlamaBackend(target, n_ctx=128, n_gpu_layers=0, n_threads=1, temperature=1.0, seed=3)
+    try:
+        g = greedy.generate(prompts, 16)
+        a, b = sampler.generate(prompts, 16, key=10), sampler.generate(prompts, 16, key=10)
+        assert a == b and a != g
+        assert sampler.generate(prompts, 16, key=11) != a
+        assert sampler.generate(prompts[1:], 16, key=11) == a[1:]  # prompt rank 11 = key 10 + 1
+    finally:
+        greedy.close()
+        sampler.close()

@@ -12,6 +12,7 @@ Subcommands (see docs/training.md for the full GPU run):
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from .common import fail
@@ -90,9 +91,11 @@ def cmd_data(args) -> None:
     target = _target(args.target)
     prompts, sel, max_prompt = _prompt_source(args, target)
     if args.backend == "torch":
-        backend = TorchBackend(target, prompts.eog, _device(args.device), args.dtype, args.batch_size)
+        backend = TorchBackend(target, prompts.eog, _device(args.device), args.dtype, args.batch_size,
+                               args.temperature, args.sample_seed)
     else:
-        backend = LlamaBackend(target, max_prompt + args.max_new_tokens + 8, 0 if args.cpu else -1, args.threads)
+        backend = LlamaBackend(target, max_prompt + args.max_new_tokens + 8, 0 if args.cpu else -1, args.threads,
+                               args.temperature, args.sample_seed)
     try:
         m = build_corpus(args.out, target, prompts, backend, n_prompts=args.n_prompts, max_new=args.max_new_tokens,
                          shard_size=args.shard_size, selection=sel, max_prompt_tokens=max_prompt,
@@ -228,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["llama", "torch"], default="llama",
                    help="llama: Engine, one prompt at a time; torch: batched on a GPU (default llama)")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="response cap (default 1024)")
+    p.add_argument("--temperature", type=_nonnegative_float, default=0.0,
+                   help="0 = greedy responses (default); T > 0 = tokens sampled from softmax(logits / T): other "
+                        "responses to the same prompts (fit them with --soft-weight)")
+    p.add_argument("--sample-seed", type=int, default=0, help="sampling seed (with --temperature; default 0)")
     p.add_argument("--shard-size", type=int, default=512, help="prompts per shard (default 512)")
     p.add_argument("--device", default="auto", help="torch backend device (default cuda when available)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="torch backend dtype")
@@ -327,6 +334,14 @@ def _nonnegative_int(text: str) -> int:
     v = int(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _nonnegative_float(text: str) -> float:
+    """argparse type: a finite float ≥ 0."""
+    v = float(text)
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return v
 
 

@@ -58,11 +58,13 @@ def _fixed(options: dict) -> dict:
 
 def _check_disjoint(seen: dict, folder, manifest: dict, part: list) -> None:
     """TrainError when ``folder`` holds prompt ranks that an earlier corpus of the same prompt order
-    (same selection and prompt bound) already holds: the same prompts would be trained on twice
+    (same selection, prompt bound and decoding) already holds: the same prompts would be trained on twice
     (e.g. a slice resumed without its ``-n``). ``seen`` maps an order to (folder, ranks) so far."""
     import json
 
-    order = json.dumps([manifest["selection"], manifest["generation"].get("max_prompt_tokens")], sort_keys=True)
+    gen = manifest["generation"]  # responses of another decoding (e.g. sampled) are other data
+    order = json.dumps([manifest["selection"], gen.get("max_prompt_tokens"), gen.get("decoding", "greedy")],
+                       sort_keys=True)
     ranks = {s.prompt_index for s in part}
     for other, other_ranks in seen.get(order, []):
         common = ranks & other_ranks
