@@ -12,7 +12,8 @@
 # Environment: PROMPTS (prompt .npz), INIT (drafter to start from), GEN_MIN, MAXNEW,
 # FIT_MIN, NGPU (default: every GPU), FIT_GPUS, FIT0.. (extra fit options per GPU; a later
 # --time-budget overrides FIT_MIN), FIT_AFTER0.. (a file the GPU's fit waits for), SKIP_GEN (corpora
-# already in ~/w/c0, c1, ...).
+# already in ~/w/c0, c1, ...), GEN_PREFIX (slice folders ~/w/<prefix><g>, default c), GEN_OPTS (extra
+# data options, e.g. "--temperature 0.8 --sample-seed 1"), CORPORA_EXTRA (more corpus folders for the fit).
 set -uo pipefail
 . ~/env.sh
 mkdir -p ${ST:-~/st}
@@ -24,18 +25,19 @@ S=$(( (N + NGPU - 1) / NGPU ))
 echo "$(date +%T) $N prompts, $NGPU slices of $S"
 corpora=()
 for g in $(seq 0 $((NGPU - 1))); do
-  corpora+=(~/w/c$g)
+  corpora+=(~/w/${GEN_PREFIX:-c}$g)
   [ -n "${SKIP_GEN:-}" ] && continue  # a generation started earlier: wait for it below
-  CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train data --target $T --prompts "$PROMPTS" --out ~/w/c$g \
+  CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.cli.train data --target $T --prompts "$PROMPTS" --out ~/w/${GEN_PREFIX:-c}$g ${GEN_OPTS:-} \
     --backend torch --batch-size 512 --max-new-tokens "$MAXNEW" --time-budget "$GEN_MIN" \
     --first-prompt $((g * S)) -n $(((g + 1) * S)) > ${ST:-~/st}/gen$g.log 2>&1 || touch ${ST:-~/st}/gen$g.failed &
 done
 wait
 while pgrep -f "tfm_local.cli.train data" > /dev/null; do sleep 5; done
 ls ${ST:-~/st}/gen*.failed 2> /dev/null && { echo "$(date +%T) corpus generation failed"; exit 1; }
-echo "$(date +%T) corpus done"; touch ${ST:-~/st}/gen.done
+corpora+=(${CORPORA_EXTRA:-})
+echo "$(date +%T) corpus done: ${corpora[*]}"; touch ${ST:-~/st}/gen.done
 # the corpus comes back in 16 MiB pieces (a later session can carry it up instead of generating it)
-[ -z "${SKIP_GEN:-}" ] && mkdir -p ${ST:-~/st}/corpus && tar cf - -C ~/w $(cd ~/w && ls -d c[0-9]*) | split -b 16M -d -a 2 - ${ST:-~/st}/corpus/c.tar.
+[ -z "${SKIP_GEN:-}" ] && mkdir -p ${ST:-~/st}/corpus && tar cf - -C ~/w $(cd ~/w && ls -d ${GEN_PREFIX:-c}[0-9]*) | split -b 16M -d -a 2 - ${ST:-~/st}/corpus/c.tar.
 for g in ${FIT_GPUS:-$(seq 0 $((NGPU - 1)))}; do
   extra=FIT$g after=FIT_AFTER$g
   ( while [ -n "${!after:-}" ] && [ ! -e "${!after}" ]; do sleep 5; done  # e.g. GPU 1 after cuda_checks.sh
