@@ -67,7 +67,7 @@ def test_mmq_one_block_per_tile_agrees_with_stream_k(tmp_path, ftype):
         assert np.array_equal(stream_k[f"n{n}"], tiles[f"n{n}"]), n
     for n in (9, 12, 16):
         a, b = stream_k[f"n{n}"], tiles[f"n{n}"]
-        assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max(), n
+        assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max(), n
     # the switch took effect: with 512-1024 deep dot products stream-k cuts the few tiles of this
     # model across blocks, so its partial sums add up in another order somewhere
     assert any(not np.array_equal(stream_k[f"n{n}"], tiles[f"n{n}"]) for n in (9, 12, 16))

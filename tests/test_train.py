@@ -152,7 +152,7 @@ class _FakeBackend:
 
     name = "fake"
 
-    def generate(self, prompts, max_new, key=0):
+    def generate(self, prompts, max_new, ranks=None):
         return [[int(p.sum()) % 97, 1, 2][: max_new] for p in prompts]
 
 
@@ -346,7 +346,7 @@ def test_sampled_corpus_records_its_decoding_and_is_other_data_than_greedy(tmp_p
 
 
 def _first_token_counts(backend, prompt, n):
-    toks = [r[0] for r in backend.generate([prompt] * n, 1, key=0)]
+    toks = [r[0] for r in backend.generate([prompt] * n, 1)]
     return np.bincount(toks, minlength=512)
 
 
@@ -376,8 +376,9 @@ def test_torch_sampling_follows_the_target_distribution(tmp_path):
     rows = [np.array([5 + i, 9, 2 * i + 1], dtype=np.int32) for i in range(6)]
     again = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=6, temperature=0.7, seed=1)
     other = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=6, temperature=0.7, seed=2)
-    assert again.generate(rows, 12, key=3) == again.generate(rows, 12, key=3)
-    assert again.generate(rows, 12, key=3) != other.generate(rows, 12, key=3)
+    ranks = list(range(3, 9))
+    assert again.generate(rows, 12, ranks) == again.generate(rows, 12, ranks)
+    assert again.generate(rows, 12, ranks) != other.generate(rows, 12, ranks)
     greedy = TorchBackend(target, eog, device="cpu", dtype="float32", batch_size=1)
     assert greedy.generate([prompt], 1)[0][0] == int(np.argmax(logits))
 
@@ -518,6 +519,28 @@ def test_heldout_split_takes_the_last_sequences_and_refuses_too_many():
     for n in (5, 9, -1):
         with pytest.raises(TrainError):
             split(seqs, n)
+
+
+def test_heldout_prompts_are_kept_out_of_training_in_every_corpus(tmp_path):
+    """A greedy and a sampled corpus of the same prompts, fitted together: the prompts of the held-out
+    sequences (the last corpus's last ones) are dropped from the other corpus's training sequences too."""
+    from tfm_local.train.corpus import target_identity
+    from tfm_local.train.fit import load_corpora
+    from tfm_local.train.heldout import split
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"pretend target")
+    kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False, n_prompts=20, shard_size=5)
+    from tfm_local.train.generate import build_corpus
+
+    build_corpus(tmp_path / "s", target, _FakePrompts(20), _FakeSampler(), **kw)
+    build_corpus(tmp_path / "g", target, _FakePrompts(20), _FakeBackend(), **kw)
+    _, seqs = load_corpora([tmp_path / "s", tmp_path / "g"], target_identity(target))
+    train, held = split(seqs, 3)
+    held_ranks = {s.prompt_index for s in held}
+    assert len(held) == 3 and held == seqs[-3:]
+    assert not held_ranks & {s.prompt_index for s in train}
+    assert len(train) == len(seqs) - 6  # the three greedy ones and their three sampled twins
 
 
 def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch):
@@ -896,11 +919,17 @@ def test_grow_layers_starts_as_the_source_and_trains_the_new_layer(smoke, tmp_pa
         fit(corpus, target, tmp_path / "bad", _opts(0), None, progress=False, init_from=hf, grow=1)
     with pytest.raises(TrainError, match="needs the drafter to grow"):
         fit(corpus, target, tmp_path / "bad2", _opts(0), None, progress=False, grow=2)
+    ckpt = tmp_path / "grown" / "checkpoint.pt"
+    with pytest.raises(TrainError, match="holds a 2-layer drafter"):
+        fit(corpus, target, tmp_path / "grown", _opts(4), None, progress=False, init_from=hf, grow=3)
+    with pytest.raises(TrainError, match="has 1 layers already"):  # --restart with a bad option keeps the run
+        fit(corpus, target, tmp_path / "grown", _opts(4), None, progress=False, init_from=hf, grow=1, restart=True)
+    assert load_checkpoint(ckpt)["step"] == 3
 
 
 def test_llama_backend_samples_per_prompt_seed(tmp_path):
-    """LlamaBackend at T > 0: prompt i of a call is seeded by (seed, key + i): the same key gives the same
-    responses, a shard whose key differs gives others, and sampled responses differ from greedy ones."""
+    """LlamaBackend at T > 0: each prompt is seeded by (seed, its rank): the same ranks give the same
+    responses, in any shard; other ranks give others; sampled responses differ from greedy ones."""
     from tfm_local.train.generate import LlamaBackend
 
     target = synth.write_tiny_target(tmp_path / "t.gguf", n_layer=2, seed=4)
@@ -909,10 +938,11 @@ def test_llama_backend_samples_per_prompt_seed(tmp_path):
     sampler = LlamaBackend(target, n_ctx=128, n_gpu_layers=0, n_threads=1, temperature=1.0, seed=3)
     try:
         g = greedy.generate(prompts, 16)
-        a, b = sampler.generate(prompts, 16, key=10), sampler.generate(prompts, 16, key=10)
+        ranks = [10, 11, 13, 14]  # rank 12 skipped (too long, say)
+        a, b = sampler.generate(prompts, 16, ranks), sampler.generate(prompts, 16, ranks)
         assert a == b and a != g
-        assert sampler.generate(prompts, 16, key=11) != a
-        assert sampler.generate(prompts[1:], 16, key=11) == a[1:]  # prompt rank 11 = key 10 + 1
+        assert sampler.generate(prompts, 16, [r + 100 for r in ranks]) != a
+        assert sampler.generate(prompts[2:], 16, ranks[2:]) == a[2:]  # another shard, the same ranks
     finally:
         greedy.close()
         sampler.close()

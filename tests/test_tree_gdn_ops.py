@@ -259,6 +259,25 @@ def test_gdn_tree_timing_switch_keeps_outputs(tmp_path):
     assert once.keys() == twice.keys() and all(twice[key].tobytes() == once[key].tobytes() for key in once)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps", ["4", "8", "16"])
+def test_gdn_tree_level_solve_agrees_with_the_first(tmp_path, warps):
+    """CUDA: patch 0013's level-ordered solve (TFM_CUDA_GDN_SOLVE=2, each warp count) gives the first
+    solve's outputs to float32 rounding (sums in another order), its pairs outputs (k, gamma) bit for
+    bit; under the timing switch it stays bit for bit with itself."""
+    first = _gpu_outputs_under({}, tmp_path, "solve1")
+    env = {"TFM_CUDA_GDN_SOLVE": "2", "TFM_CUDA_GDN_SOLVE_WARPS": warps}
+    level = _gpu_outputs_under(env, tmp_path, f"solve2-{warps}")
+    assert first.keys() == level.keys()
+    for key in first:
+        if key.endswith(("_k", "_gamma")):
+            assert first[key].tobytes() == level[key].tobytes(), key
+        else:
+            assert rel_err(level[key], first[key]) < 1e-5, key
+    twice = _gpu_outputs_under({**env, "TFM_CUDA_GDN_TREE_TWICE": "solve"}, tmp_path, f"twice-{warps}")
+    assert all(twice[key].tobytes() == level[key].tobytes() for key in level)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kda", [False, True], ids=["scalar-g", "vector-g"])
 def test_gdn_tree_per_sequence_trees_and_broadcasts(device, kda):

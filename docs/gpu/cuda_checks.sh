@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done, cheapest-first so that a short
 # hold still brings the decisive numbers: patch 0012's test, the target pass and tfm-bench with and without
-# its one-block-per-tile MMQ (TFM_CUDA_MMQ_TILES_MAX_COLS), upstream's DFlash chain (if upstream_build.sh
-# finished), the tree-GDN op at 128 nodes with and without patch 0013's solve (TFM_CUDA_GDN_SOLVE=2) and
-# an ncu profile of its kernels, then the CUDA tests.
-# Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end.
+# its one-block-per-tile MMQ (TFM_CUDA_MMQ_TILES_MAX_COLS), the tree-GDN op at 128 nodes with and without
+# patch 0013's solve (TFM_CUDA_GDN_SOLVE=2) and an ncu profile of its kernels, upstream's DFlash chain (if
+# upstream_build.sh finished), then the CUDA tests.
+# Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end (whatever happened).
 set -uo pipefail
 . ~/env.sh
+trap 'touch ${ST:-~/st}/cuda.done' EXIT  # also on a failed build or a killed check: a fit may wait for it
 built() { [ -e ${ST:-~/st}/build.done ] || { [ -e ~/llama/llama_cpp/__init__.py ] &&
   ! pgrep -f "build.build_wheel|--target $HOME/llama" > /dev/null; }; }
 while ! built || [ ! -e ${ST:-~/st}/gen.done ]; do
@@ -28,11 +29,6 @@ for v in "" 64; do
     > $O/bench-tiles$v.txt 2>&1
 done
 touch ${ST:-~/st}/ab.done
-# upstream's chain with the same (vocabulary-attached) drafter
-for i in $(seq 60); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
-D=$(ls -t ~/.cache/tfm-local/drafters/*.gguf | head -1)
-[ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.cli.bench_upstream --binary ~/up/b/bin/llama-speculative-simple \
-  --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
 # tree GDN at 128 nodes: today's solve kernel and patch 0013's level-ordered one, then where the kernels spend their time
 G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 50 --repeat 8 --nodes 128"
 $G --json $O/gdn-solve1.json > $O/gdn-solve1.txt 2>&1
@@ -45,6 +41,11 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
 [ -n "$NCU" ] && TFM_CUDA_GDN_SOLVE=2 $NCU --set full --kernel-name regex:gated_delta_net_tree --launch-skip 30 \
   --launch-count 3 python3 -m tfm_local.cli.bench_gdn --device gpu --nodes 128 --iters 10 > $O/ncu-gdn.txt 2>&1
 touch ${ST:-~/st}/gdn.done
+# upstream's chain with the same (vocabulary-attached) drafter
+for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
+D=$(ls -t ~/.cache/tfm-local/drafters/*.gguf | head -1)
+[ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.cli.bench_upstream --binary ~/up/b/bin/llama-speculative-simple \
+  --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
 TESTS="tests/test_tree_gdn_ops.py tests/test_top_k_op.py tests/test_greedy_argmax.py tests/test_drafter_topk.py
   tests/test_tree_verify.py tests/test_tree_gdn_model.py"
 python3 -m pytest -q -p no:cacheprovider -ra $TESTS > $O/tests.log 2>&1
@@ -52,4 +53,3 @@ for w in 8 16; do
   TFM_CUDA_GDN_SOLVE=2 TFM_CUDA_GDN_SOLVE_WARPS=$w python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py \
     tests/test_tree_gdn_model.py > $O/tests-solve2-w$w.log 2>&1
 done
-touch ${ST:-~/st}/cuda.done

@@ -2,7 +2,7 @@
 
 Subcommands (see docs/training.md for the full GPU run):
   prompts         tokenize the ShareGPT prompt selection (for `data --prompts` where llama.cpp is absent)
-  data            generate the corpus: the target's own greedy responses (resumable, appendable)
+  data            generate the corpus: the target's own responses, greedy or sampled (resumable, appendable)
   fit             train the drafter on the corpus (resumable), then export it
   export          z-lab layout + GGUF (f16, q8_0) from a checkpoint
   check-features  PyTorch vs llama.cpp layer inputs of the target (cosine per layer)

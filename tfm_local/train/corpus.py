@@ -34,11 +34,14 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class Sequence:
-    """One training sequence: ``ids`` int32 (prompt then response), ``prompt_len`` tokens of prompt."""
+    """One training sequence: ``ids`` int32 (prompt then response), ``prompt_len`` tokens of prompt,
+    ``prompt_index`` its prompt's rank, ``prompt_order`` which prompt order that rank is in (set by the
+    fit's corpus loader: sequences of several corpora with equal order and rank share their prompt)."""
 
     ids: np.ndarray
     prompt_len: int
     prompt_index: int
+    prompt_order: str = ""
 
     @property
     def response_len(self) -> int:

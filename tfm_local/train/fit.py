@@ -60,11 +60,8 @@ def _check_disjoint(seen: dict, folder, manifest: dict, part: list) -> None:
     """TrainError when ``folder`` holds prompt ranks that an earlier corpus of the same prompt order
     (same selection, prompt bound and decoding) already holds: the same prompts would be trained on twice
     (e.g. a slice resumed without its ``-n``). ``seen`` maps an order to (folder, ranks) so far."""
-    import json
-
-    gen = manifest["generation"]  # responses of another decoding (e.g. sampled) are other data
-    order = json.dumps([manifest["selection"], gen.get("max_prompt_tokens"), gen.get("decoding", "greedy")],
-                       sort_keys=True)
+    # responses of another decoding (e.g. sampled) to the same prompts are other data
+    order = json.dumps([prompt_order(manifest), manifest["generation"].get("decoding", "greedy")])
     ranks = {s.prompt_index for s in part}
     for other, other_ranks in seen.get(order, []):
         common = ranks & other_ranks
@@ -72,6 +69,11 @@ def _check_disjoint(seen: dict, folder, manifest: dict, part: list) -> None:
             raise TrainError(f"corpora {other} and {folder} share {len(common)} prompts of the same prompt "
                              f"order (ranks {min(common)}..{max(common)}): each would be trained on twice")
     seen.setdefault(order, []).append((folder, ranks))
+
+
+def prompt_order(manifest: dict) -> str:
+    """The prompt order a corpus's ranks index: its selection and prompt bound, as a JSON string."""
+    return json.dumps([manifest["selection"], manifest["generation"].get("max_prompt_tokens")], sort_keys=True)
 
 
 def load_corpora(corpora, ident: dict) -> tuple[str, list]:
@@ -94,14 +96,16 @@ def load_corpora(corpora, ident: dict) -> tuple[str, list]:
                              f"not by {ident['name']} (sha256 differs)")
         _check_disjoint(seen, folder, manifest, part)
         ids.append(corpus_id(manifest))
-        seqs.extend(part)
+        order = prompt_order(manifest)
+        seqs.extend(dataclasses.replace(s, prompt_order=order) for s in part)
     return (ids[0] if len(ids) == 1 else hashlib.sha256(",".join(ids).encode()).hexdigest()[:16]), seqs
 
 
 class _Run:
     """State of one fit: models, optimiser, plans, position."""
 
-    def __init__(self, corpus, target, out, opts, config, device, init_from=None, shape=None, grow=None):
+    def __init__(self, corpus, target, out, opts, config, device, init_from=None, shape=None, grow=None,
+                 restart=False):
         from .target_torch import TorchTarget
 
         self.out, self.opts, self.device = Path(out), opts, torch.device(device)
@@ -114,12 +118,15 @@ class _Run:
         if self.heldout and opts.eval_every < 1:
             raise TrainError(f"eval_every must be >= 1 with held-out sequences, got {opts.eval_every}")
         self.cuda = self.device.type == "cuda"
-        self.state = load_checkpoint(self.out / CKPT) if (self.out / CKPT).is_file() else None
+        self.state = load_checkpoint(self.out / CKPT) if not restart and (self.out / CKPT).is_file() else None
         source = None if self.state or init_from is None else load_init_source(init_from, target)
         if source is not None and grow is not None:
             source = grow_layers(source, grow)
         self.init_record = self.state.get("init_from") if self.state else source and source.record
         self.config = self._resolve_config(target, config, source, shape)
+        if self.state and grow is not None and grow != self.config.num_hidden_layers:
+            raise TrainError(f"{self.out / CKPT} holds a {self.config.num_hidden_layers}-layer drafter, not "
+                             f"--grow-layers {grow}: leave the option out to resume, or --restart")
         self._check_resume(ident)
         torch.manual_seed(opts.seed)  # the initial weights depend on the seed only
         self.drafter = DFlashDraft(self.config).to(self.device)
@@ -238,11 +245,11 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if restart and (out / CKPT).exists():
-        (out / CKPT).unlink()
     if grow is not None and init_from is None:
         raise TrainError("growing a drafter (--grow-layers) needs the drafter to grow (--init-from)")
-    run = _Run(corpus, target, out, opts, config, device, init_from, shape, grow)
+    run = _Run(corpus, target, out, opts, config, device, init_from, shape, grow, restart)
+    if restart and (out / CKPT).exists():  # discarded only once the new run's settings were accepted
+        (out / CKPT).unlink()
     weights = position_weights(run.config.block_size, opts.gamma, run.device)
     bar = tqdm(total=run.total, initial=run.step, desc="fit", unit="step", disable=not progress)
     ema_loss = ema_tau = None

@@ -22,7 +22,9 @@ EVAL_STREAM = 2**31 - 1
 
 
 def split(seqs: list[Sequence], n: int) -> tuple[list[Sequence], list[Sequence]]:
-    """(training, held-out): the last ``n`` sequences held out.
+    """(training, held-out): the last ``n`` sequences held out, and kept out of training with them every
+    other sequence of the same prompt (same ``prompt_order`` and ``prompt_index``, e.g. a sampled
+    response beside a greedy one): a held-out prompt is never trained on.
 
     Raises:
         TrainError: ``n`` < 0, or fewer than one training sequence would be left.
@@ -31,7 +33,14 @@ def split(seqs: list[Sequence], n: int) -> tuple[list[Sequence], list[Sequence]]
         raise TrainError(f"held-out sequences must be >= 0, got {n}")
     if n >= len(seqs):
         raise TrainError(f"cannot hold out {n} of {len(seqs)} usable corpus sequences: none would be left to train on")
-    return (seqs[:len(seqs) - n], seqs[len(seqs) - n:]) if n else (seqs, [])
+    if not n:
+        return seqs, []
+    held = seqs[len(seqs) - n:]
+    prompts = {(s.prompt_order, s.prompt_index) for s in held if s.prompt_order}
+    train = [s for s in seqs[:len(seqs) - n] if (s.prompt_order, s.prompt_index) not in prompts]
+    if not train:
+        raise TrainError(f"holding out {n} sequences and the other responses to their prompts leaves none to train on")
+    return train, held
 
 
 def eval_batches(seqs: list[Sequence], n_anchors: int, block: int, mask_id: int, max_len: int,

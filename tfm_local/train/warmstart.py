@@ -155,7 +155,7 @@ def grow_layers(src: InitSource, n_layers: int) -> InitSource:
     residual-branch output projections (``self_attn.o_proj``, ``mlp.down_proj``) at zero, so the
     grown drafter computes exactly what the source computes, and training opens the new layers from
     there (zero-initialised residual branches). The new layers' other weights are left out of
-    ``state``: the new model's own seeded initialisation gives them (:func:`load_grown`).
+    ``state``: the new model's own seeded initialisation gives them (:func:`load_source`).
     ``record`` gains ``"grown_from_layers"``.
 
     Raises:
