@@ -7,7 +7,9 @@
 # Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end (whatever happened).
 set -uo pipefail
 . ~/env.sh
-trap 'touch ${ST:-~/st}/cuda.done' EXIT  # also on a failed build or a killed check: a fit may wait for it
+# timing.done once the timings are done (a fit on this GPU may start then: the tests and sanitizer runs
+# after it are correctness only), cuda.done at the end; both also on a failed build or a killed check
+trap 'touch ${ST:-~/st}/timing.done ${ST:-~/st}/cuda.done' EXIT
 built() { [ -e ${ST:-~/st}/build.done ] || { [ -e ~/llama/llama_cpp/__init__.py ] &&
   ! pgrep -f "build.build_wheel|--target $HOME/llama" > /dev/null; }; }
 while ! built || [ ! -e ${ST:-~/st}/gen.done ]; do
@@ -46,6 +48,7 @@ for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed 
 D=$(ls -t ~/.cache/tfm-local/drafters/*.gguf | head -1)
 [ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.cli.bench_upstream --binary ~/up/b/bin/llama-speculative-simple \
   --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
+touch ${ST:-~/st}/timing.done
 TESTS="tests/test_tree_gdn_ops.py tests/test_top_k_op.py tests/test_greedy_argmax.py tests/test_drafter_topk.py
   tests/test_tree_verify.py tests/test_tree_gdn_model.py"
 python3 -m pytest -q -p no:cacheprovider -ra $TESTS > $O/tests.log 2>&1
@@ -53,3 +56,12 @@ for w in 8 16; do
   TFM_CUDA_GDN_SOLVE=2 TFM_CUDA_GDN_SOLVE_WARPS=$w python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py \
     tests/test_tree_gdn_model.py > $O/tests-solve2-w$w.log 2>&1
 done
+# patch 0013 under compute-sanitizer (the real library, through the op tests on the GPU: trees to 160 nodes,
+# paths deeper than 32): shared-memory races, out-of-bounds accesses, barrier misuse
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+for tool in racecheck memcheck synccheck; do
+  [ -n "$CS" ] && TFM_CUDA_GDN_SOLVE=2 timeout 300 $CS --tool $tool --target-processes all --print-limit 20 \
+    python3 -m pytest -q -p no:cacheprovider tests/test_tree_gdn_ops.py -k "gpu and (deeper or ddtree)" \
+    > $O/sanitizer-$tool.txt 2>&1
+done
+
