@@ -526,13 +526,12 @@ def test_heldout_prompts_are_kept_out_of_training_in_every_corpus(tmp_path):
     sequences (the last corpus's last ones) are dropped from the other corpus's training sequences too."""
     from tfm_local.train.corpus import target_identity
     from tfm_local.train.fit import load_corpora
+    from tfm_local.train.generate import build_corpus
     from tfm_local.train.heldout import split
 
     target = tmp_path / "t.gguf"
     target.write_bytes(b"pretend target")
     kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False, n_prompts=20, shard_size=5)
-    from tfm_local.train.generate import build_corpus
-
     build_corpus(tmp_path / "s", target, _FakePrompts(20), _FakeSampler(), **kw)
     build_corpus(tmp_path / "g", target, _FakePrompts(20), _FakeBackend(), **kw)
     _, seqs = load_corpora([tmp_path / "s", tmp_path / "g"], target_identity(target))

@@ -161,16 +161,16 @@ def grow_layers(src: InitSource, n_layers: int) -> InitSource:
     Raises:
         TrainError: ``n_layers`` is not above the source's layer count.
     """
+    from tfm_convert.layout import expected_shapes
+
     have = src.config.num_hidden_layers
     if n_layers <= have:
         raise TrainError(f"--grow-layers {n_layers}: the drafter to grow has {have} layers already")
-    c = src.config
-    zeros = {}
-    for il in range(have, n_layers):
-        zeros[f"layers.{il}.self_attn.o_proj.weight"] = torch.zeros(c.hidden_size, c.num_attention_heads * c.head_dim)
-        zeros[f"layers.{il}.mlp.down_proj.weight"] = torch.zeros(c.hidden_size, c.intermediate_size)
-    return InitSource(dataclasses.replace(c, num_hidden_layers=n_layers), {**src.state, **zeros},
-                      {**src.record, "grown_from_layers": have})
+    config = dataclasses.replace(src.config, num_hidden_layers=n_layers)
+    shapes = expected_shapes(config.dims)
+    zeros = {name: torch.zeros(shapes[name]) for il in range(have, n_layers)
+             for name in (f"layers.{il}.self_attn.o_proj.weight", f"layers.{il}.mlp.down_proj.weight")}
+    return InitSource(config, {**src.state, **zeros}, {**src.record, "grown_from_layers": have})
 
 
 def load_source(model: torch.nn.Module, src: InitSource) -> None:
