@@ -262,11 +262,11 @@ def test_gdn_tree_timing_switch_keeps_outputs(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("warps", ["4", "8", "16"])
 def test_gdn_tree_level_solve_agrees_with_the_first(tmp_path, warps):
-    """CUDA: patch 0013's level-ordered solve (TFM_CUDA_GDN_SOLVE=2, each warp count) gives the first
-    solve's outputs to float32 rounding (sums in another order), its pairs outputs (k, gamma) bit for
-    bit; under the timing switch it stays bit for bit with itself."""
-    first = _gpu_outputs_under({}, tmp_path, "solve1")
-    env = {"TFM_CUDA_GDN_SOLVE": "2", "TFM_CUDA_GDN_SOLVE_WARPS": warps}
+    """CUDA: patch 0013's level-ordered solve (the default; each warp count) gives the first solve's
+    outputs (TFM_CUDA_GDN_SOLVE=1) to float32 rounding (sums in another order), its pairs outputs
+    (k, gamma) bit for bit; under the timing switch it stays bit for bit with itself."""
+    first = _gpu_outputs_under({"TFM_CUDA_GDN_SOLVE": "1"}, tmp_path, "solve1")
+    env = {"TFM_CUDA_GDN_SOLVE_WARPS": warps}
     level = _gpu_outputs_under(env, tmp_path, f"solve2-{warps}")
     assert first.keys() == level.keys()
     for key in first:
