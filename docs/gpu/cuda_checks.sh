@@ -32,6 +32,12 @@ for m in plain chain ddtree@16; do
   echo "== $m"; grep -o "CUDA graph warmup [a-z]*\|CUDA Graph id [0-9]* reused\|disabling CUDA graphs[a-z ]*" $O/graphs-$m.log |
     sed "s/id [0-9]*/id N/" | sort | uniq -c
 done > $O/graphs.txt
+# where a drafter step goes (bench_pass: 0.94 ms for a 16-position top-k block pass of a 3-layer drafter, about
+# half a 28-layer target token): kernel times and CUDA API calls (cudaLaunchKernel against cudaGraphLaunch)
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2> /dev/null)
+[ -n "$NSYS" ] && $NSYS profile -t cuda -o $O/pass --force-overwrite true python3 -m tfm_local.cli.bench_pass --target $T \
+  --tokens 1,16 --variants argmax --drafter auto --iters 50 --threads ${THREADS:-4} > $O/nsys.log 2>&1 &&
+  $NSYS stats -r cuda_gpu_kern_sum,cuda_api_sum $O/pass.nsys-rep > $O/nsys-pass.txt 2>&1 && rm -f $O/pass.nsys-rep $O/pass.sqlite
 # tree GDN at 128 nodes: the level-ordered solve (default) and the first one
 G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 50 --repeat 8 --nodes 128"
 $G --json $O/gdn.json > $O/gdn.txt 2>&1
