@@ -149,6 +149,38 @@ def test_cli_repeat_reports_op_times(tmp_path, capsys):
     assert "op's own ms" in capsys.readouterr().out
 
 
+def test_median_of_rounds_is_element_wise():
+    rounds = [{"gdn": {"tree": {"median_ms": m, "op_ms": o}}, "x": None if o < 0 else 1.0}
+              for m, o in ((3.0, 1.0), (1.0, 5.0), (2.0, -1.0))]
+    got = gdn_bench.median_of_rounds(rounds)
+    assert got["gdn"]["tree"] == {"median_ms": 2.0, "op_ms": 1.0} and got["x"] is None
+    assert gdn_bench.median_of_rounds([{"a": 1.0}, {"a": 4.0}]) == {"a": 2.5}
+    with pytest.raises(ValueError):
+        gdn_bench.median_of_rounds([])
+
+
+def test_cli_rounds_time_every_op_each_round(tmp_path, monkeypatch):
+    calls = []
+    real = gdn_bench.time_case
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].parents.size)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gdn_bench, "time_case", counted)
+    out = tmp_path / "gdn.json"
+    bench_gdn.main(["--device", "cpu", "--nodes", "8,24", "--heads-v", "4", "--heads-k", "2", "--head-dim", "16",
+                    "--conv-channels", "32", "--iters", "2", "--warmup", "1", "--threads", "2", "--rounds", "3",
+                    "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert calls == [8, 8, 8, 24, 24, 24] and doc["rounds"] == 3 and "--rounds" in doc["method"]
+    for c in doc["cases"]:
+        t = c["times"]["gdn"]["branch"]
+        assert 0 < t["min_ms"] and c["speedup"]["gdn"] == pytest.approx(t["median_ms"] / c["times"]["gdn"]["tree"]["median_ms"])
+    with pytest.raises(SystemExit):
+        bench_gdn.parse_args(["--rounds", "0"])
+
+
 def test_cli_rejects_bad_options():
     with pytest.raises(SystemExit):
         bench_gdn.parse_args(["--nodes", "16,x"])

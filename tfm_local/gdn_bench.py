@@ -218,10 +218,25 @@ def time_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int, n_wa
     return res
 
 
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """Element-wise median of ``time_case`` results of several rounds (the same nested keys; a statistic
+    that is None in any round stays None). Raises ValueError for no rounds."""
+    if not rounds:
+        raise ValueError("no rounds to combine")
+    first = rounds[0]
+    if isinstance(first, dict):
+        return {k: median_of_rounds([r[k] for r in rounds]) for k in first}
+    if any(v is None for v in rounds):
+        return None
+    return float(np.median(rounds))
+
+
 def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "cpu", n_threads: int = 2,
-             n_warmup: int = 3, n_iter: int = 10, n_repeat: int = 1) -> dict:
+             n_warmup: int = 3, n_iter: int = 10, n_repeat: int = 1, n_rounds: int = 1) -> dict:
     """Build a DDTree of ``n_nodes`` nodes and random inputs, check it (``check_case``) and, when correct,
-    time it (``time_case``). Returns ``{"nodes", "leaves", "depth", "groups": {length: n_seqs},
+    time it (``time_case``, ``n_rounds`` times, every op once a round, so that a slow spell of a shared
+    machine falls on the tree and the per-branch ops alike; the element-wise median of the rounds,
+    ``median_of_rounds``). Returns ``{"nodes", "leaves", "depth", "groups": {length: n_seqs},
     "branch_tokens", "padded_tokens", "check", "times" (absent when incorrect), "speedup": {"gdn", "conv",
     "gdn_padded", "conv_padded"} (per-branch / tree, medians; with ``n_repeat`` >= 2 also the same four
     with the suffix ``_op``: ratios of the ops' own times, None where one came out <= 0)}``. Raises native.OpUnavailable when the
@@ -235,7 +250,8 @@ def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "
             "check": check_case(x, tree, dims, device, n_threads)}
     if not case["check"]["correct"]:
         return case
-    t = case["times"] = time_case(x, tree, dims, device, n_threads, n_warmup, n_iter, n_repeat)
+    t = case["times"] = median_of_rounds([time_case(x, tree, dims, device, n_threads, n_warmup, n_iter, n_repeat)
+                                          for _ in range(n_rounds)])
     keys = [("median_ms", "")] + ([("op_ms", "_op")] if n_repeat > 1 else [])
     case["speedup"] = {f"{op}{suffix}{ksuf}": _ratio(t[op][base][key], t[op]["tree"][key])
                        for key, ksuf in keys

@@ -39,7 +39,7 @@ NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2> /dev/null)
   --tokens 1,16 --variants argmax --drafter auto --iters 50 --threads ${THREADS:-4} > $O/nsys.log 2>&1 &&
   $NSYS stats -r cuda_gpu_kern_sum,cuda_api_sum $O/pass.nsys-rep > $O/nsys-pass.txt 2>&1 && rm -f $O/pass.nsys-rep $O/pass.sqlite
 # tree GDN at 128 nodes: the level-ordered solve (default) and the first one
-G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 50 --repeat 8 --nodes 128"
+G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 30 --repeat 8 --rounds 5 --threads ${THREADS:-4} --nodes 128"
 $G --json $O/gdn.json > $O/gdn.txt 2>&1
 TFM_CUDA_GDN_SOLVE=1 $G --json $O/gdn-solve1.json > $O/gdn-solve1.txt 2>&1
 touch ${ST:-~/st}/gdn.done

@@ -31,7 +31,8 @@ METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream 
           "state replicated per sequence), time = sum over groups of each group's median (min: of its min); "
           "padded = all leaves in one call, paths zero-padded to the deepest; times are per layer, "
           "compute + synchronize of a one-op graph with inputs already on the device; op_ms (with --repeat R): "
-          "(median of a graph of R copies - median of one) / (R - 1), the op's own time")
+          "(median of a graph of R copies - median of one) / (R - 1), the op's own time; with --rounds K: "
+          "every op timed once a round, K rounds, the median of each statistic over the rounds")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=positive_int, default=1,
                     help=f"also time each op as a graph of this many copies (2..{native.BENCH_MAX_REPEAT}) "
                          "for the ops' own times (default 1: calls only)")
+    ap.add_argument("--rounds", type=positive_int, default=1,
+                    help="time every op this many times in turn and report the medians over the rounds "
+                         "(default 1; more keep a busy host from favouring one side)")
     add_timing_args(ap, iters=20, warmup=3, threads=os.cpu_count() or 1)
     a = ap.parse_args(argv)
     if a.repeat > native.BENCH_MAX_REPEAT:
@@ -112,7 +116,7 @@ def main(argv=None) -> None:
     cases = []
     for n in a.nodes:
         try:
-            c = gdn_bench.run_case(n, dims, rng, a.device, a.threads, a.warmup, a.iters, a.repeat)
+            c = gdn_bench.run_case(n, dims, rng, a.device, a.threads, a.warmup, a.iters, a.repeat, a.rounds)
         except native.NativeError as e:
             fail(str(e))
         print(f"N={n}: {c['leaves']} leaves, depth {c['depth']}, groups {c['groups']}, correct "
@@ -127,7 +131,7 @@ def main(argv=None) -> None:
               + (f"; ops' own times {_x(bar['speedup_op'])}" if "speedup_op" in bar else ""))
     if a.json:
         doc = {**run_record(argv), "device": a.device, "device_name": device_name(a.device),
-               "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "warmup": a.warmup, "seed": a.seed,
+               "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "rounds": a.rounds, "warmup": a.warmup, "seed": a.seed,
                "method": METHOD, "bar": bar, "cases": cases}
         write_json(a.json, doc)
     if not all(c["check"]["correct"] for c in cases):
