@@ -188,6 +188,19 @@ def test_cli_rejects_bad_options():
         bench_gdn.parse_args(["--repeat", str(native.BENCH_MAX_REPEAT + 1)])
     with pytest.raises(SystemExit):
         bench_gdn.parse_args(["--heads-v", "5", "--heads-k", "2"])
+    with pytest.raises(SystemExit):  # llama.cpp's short conv needs a kernel of 2 or more (it aborts otherwise)
+        bench_gdn.parse_args(["--d-conv", "1"])
+
+
+@pytest.mark.parametrize("where", ["missing/x.json", "."])
+def test_cli_refuses_an_unwritable_json_before_timing(tmp_path, monkeypatch, capsys, where):
+    def never(*a, **k):
+        raise AssertionError("the benchmark ran before the --json path was checked")
+
+    monkeypatch.setattr(gdn_bench, "run_case", never)
+    with pytest.raises(SystemExit) as e:
+        bench_gdn.main(["--nodes", "8", "--json", str(tmp_path / where)])
+    assert e.value.code == 2 and "cannot write --json" in capsys.readouterr().err
 
 
 def test_bar_result():

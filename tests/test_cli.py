@@ -169,6 +169,10 @@ def test_bench_plot_only_redraws(bench_run, tmp_path):
     assert png.read_bytes()[:8] == PNG_MAGIC
     r = run("tfm_local.cli.bench", "--plot-only", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+    other = tmp_path / "gdn.json"
+    other.write_text('{"cases": []}')
+    r = run("tfm_local.cli.bench", "--plot-only", str(other))
+    assert r.returncode == 2 and "is not a tfm-bench JSON" in r.stderr
 
 
 def test_bench_without_matplotlib_warns(pair, tmp_path):

@@ -38,3 +38,27 @@ def test_attach_refuses_a_target_without_tokenizer(tmp_path):
     with pytest.raises(ConvertError, match="no tokenizer"):
         attach_vocab(bare, bare, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_an_explicit_vocabulary_less_drafter_gets_the_targets_tokenizer(tmp_path, monkeypatch):
+    """``--drafter <file>.novocab.gguf`` (as shipped in tfm_local/assets) works like ``--drafter auto``:
+    resolve_drafter attaches the target's tokenizer into the cache once; drafters that have one, and
+    files that are not GGUF (llama.cpp reports those), are used as given."""
+    from tfm_local.drafter import DFlashDrafter
+    from tfm_local.drafters import resolve_drafter
+    from tfm_local.target import Target
+
+    monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
+    target = write_tiny_target(tmp_path / "t.gguf", n_layer=3)
+    drafter, _ = init_random(target, tmp_path / "d.gguf")
+    bare = strip_vocab(drafter, tmp_path / "d.novocab.gguf")
+    got = resolve_drafter(bare, target)
+    assert got.parent == tmp_path / "cache" / "drafters" and got.name.startswith("d-")
+    assert "tokenizer.ggml.model" in read_gguf_meta(got).kv
+    mtime = got.stat().st_mtime_ns
+    assert resolve_drafter(bare, target) == got and got.stat().st_mtime_ns == mtime  # attached once
+    assert np.isfinite(DFlashDrafter(got, Target(target, n_ctx=128, n_batch=64)).marginals(5, 0, 4)).all()
+    assert resolve_drafter(drafter, target) == drafter
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + bytes(12))  # a GGUF magic, then nothing readable: left to llama.cpp's load
+    assert resolve_drafter(junk, target) == junk

@@ -71,12 +71,38 @@ def random_drafter_for(target: Path) -> Path:
     return out
 
 
+def with_vocab(drafter: Path, target: Path) -> Path:
+    """``drafter`` itself, or, for a DFlash drafter stored without its vocabulary (``tfm-convert``'s
+    vocabulary-less output, as the shipped assets are), a cached copy with ``target``'s tokenizer
+    attached (``tfm_convert.vocab.attach_vocab``; named after both files' identities). A file that does
+    not parse as GGUF is returned unchanged: loading it reports the problem."""
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.gguf_meta import read_gguf_meta
+
+    try:
+        kv = read_gguf_meta(drafter).kv
+    except ConvertError:
+        return drafter
+    arch = kv.get("general.architecture")
+    if arch is None or arch.value != "dflash" or "tokenizer.ggml.model" in kv:
+        return drafter
+    stem = drafter.name.removesuffix(".gguf").removesuffix(".novocab")
+    out = cache_dir() / "drafters" / f"{stem}-{_file_key(drafter)[:12]}-for-{_file_key(target)[:8]}.gguf"
+    if not out.exists():
+        from tfm_convert.vocab import attach_vocab
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        attach_vocab(drafter, target, out)
+    return out
+
+
 def resolve_drafter(spec: str | os.PathLike, target: Path) -> Path:
-    """Drafter GGUF path for ``spec`` (path, hub spec, built-in name, "auto" or "random") and ``target``."""
+    """Drafter GGUF path for ``spec`` (path, hub spec, built-in name, "auto" or "random") and ``target``;
+    a vocabulary-less drafter gets the target's tokenizer (``with_vocab``)."""
     if str(spec) == "auto":
         return shipped_drafter_for(Path(target)) or random_drafter_for(Path(target))
     if str(spec) == "random":
         return random_drafter_for(Path(target))
     from .models import resolve_model
 
-    return resolve_model(spec)
+    return with_vocab(Path(resolve_model(spec)), Path(target))

@@ -33,8 +33,9 @@ class GenerationStats:
     """Counters and timings of one generation (times in seconds).
 
     tau: mean tokens emitted per target verification pass, bonus token
-    included (1.0 for plain decoding). tokens_per_s: generated tokens over
-    the decode time (prefill excluded).
+    included (1.0 for plain decoding). tokens_per_s: the tokens emitted by
+    the decode passes over the decode time (prefill excluded, and with it the
+    first token, which the prefill's logits give); 0.0 when no pass ran.
     """
 
     n_prompt: int = 0
@@ -69,7 +70,7 @@ class GenerationStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.n_generated / self.t_decode if self.n_generated else 0.0
+        return self.n_step_tokens / self.t_decode if self.n_steps else 0.0
 
     def summary(self) -> str:
         """One line for a terminal: τ, tok/s and the time split."""

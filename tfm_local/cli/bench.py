@@ -22,7 +22,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from .common import add_engine_args, engine_from_args, fail, run_record, write_json as write_common_json
+from .common import add_engine_args, check_writable, engine_from_args, fail, run_record, write_json as write_common_json
 
 SHAPES = ("chain", "ddtree", "wide")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
@@ -158,7 +158,8 @@ def phase_ms(rows: list[dict], steps: int) -> dict:
 
 
 def aggregate(rows: list[dict]) -> dict:
-    """Totals of a set of runs: τ = emitted / verify passes, tok/s = tokens / decode time,
+    """Totals of a set of runs: τ = emitted / verify passes, tok/s = emitted / decode time (the first
+    token of each run comes from its prefill, as in ``GenerationStats.tokens_per_s``),
     mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain),
     ms_per_step = the step's time split (``phase_ms``)."""
     steps = sum(r["n_steps"] for r in rows)
@@ -169,7 +170,7 @@ def aggregate(rows: list[dict]) -> dict:
     drafted = sum(r["n_drafted"] for r in rows)
     checked = [r["matches_plain"] for r in rows if r.get("matches_plain") is not None]
     return dict(n_prompts=len(rows), n_generated=gen, tau=toks / steps if steps else 0.0,
-                tokens_per_s=gen / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
+                tokens_per_s=toks / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
                 t_verify=sum(r["t_verify"] for r in rows), t_decode=t, n_steps=steps, n_spec_steps=spec,
                 n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0, ms_per_step=phase_ms(rows, steps),
                 mismatches=checked.count(False) if checked else None,
@@ -193,12 +194,6 @@ def plot_path(args) -> str | None:
     if args.no_plot:
         return None
     return args.plot or os.path.splitext(args.plot_only or args.json)[0] + ".png"
-
-
-def check_writable(path: str, flag: str) -> None:
-    """Exit with a clear error when ``path`` cannot be written (missing folder, or a folder itself)."""
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))) or os.path.isdir(path):
-        fail(f"cannot write {flag} {path}: no such folder, or it is a folder")
 
 
 def main(argv=None) -> None:
@@ -260,7 +255,9 @@ def replot(args) -> None:
     try:
         with open(args.plot_only) as f:
             table = json.load(f)["summary"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except KeyError:
+        fail(f"{args.plot_only} is not a tfm-bench JSON (it has no 'summary')")
+    except (OSError, ValueError, TypeError) as e:
         fail(f"cannot read a bench JSON from {args.plot_only}: {e}")
     png = plot_path(args)
     if png is None:
@@ -360,7 +357,13 @@ def draw_plot(table: list[dict], path: str) -> None:
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize="small")
-    fig.savefig(path, dpi=100)
+    part = f"{path}.part"  # atomic, as the JSON: a failed or interrupted write leaves any earlier plot whole
+    try:
+        fig.savefig(part, dpi=100, format="png")
+        os.replace(part, path)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
 
 
 def is_curve(row: dict) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import asdict
 import numpy as np
 
 from .. import gdn_bench, native
-from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record, write_json
+from .common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
 
 BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
 METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream ggml_gated_delta_net / "
@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.repeat > native.BENCH_MAX_REPEAT:
         ap.error(f"--repeat must be at most {native.BENCH_MAX_REPEAT}, got {a.repeat}")
+    if a.d_conv < 2:
+        ap.error(f"--d-conv must be at least 2 (llama.cpp's short conv), got {a.d_conv}")
     if a.heads_v % a.heads_k:
         ap.error(f"--heads-v ({a.heads_v}) must be a multiple of --heads-k ({a.heads_k})")
     return a
@@ -111,6 +113,8 @@ def bar_result(cases: list[dict]) -> dict | None:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
+    if a.json:
+        check_writable(a.json, "--json")
     dims = gdn_bench.Dims(a.heads_v, a.heads_k, a.head_dim, a.conv_channels, a.d_conv, a.layers)
     rng = np.random.default_rng(a.seed)
     cases = []

@@ -82,6 +82,16 @@ def run_record(argv) -> dict:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
+def check_writable(path: str, flag: str) -> None:
+    """Exit with a clear error (``fail``) when ``path`` cannot be written: its folder is missing or not
+    writable, or ``path`` is a folder. For output options, checked before a long run rather than after."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or os.path.isdir(path):
+        fail(f"cannot write {flag} {path}: no such folder, or it is a folder")
+    if not os.access(folder, os.W_OK):
+        fail(f"cannot write {flag} {path}: the folder {folder} is not writable")
+
+
 def write_json(path: str | os.PathLike, doc: dict) -> None:
     """Write ``doc`` as indented JSON to ``path`` atomically (a ``.part`` file beside it, then a rename):
     a failed or interrupted write leaves any previous file whole (and no ``.part``). Raises OSError, or
