@@ -62,3 +62,16 @@ def test_an_explicit_vocabulary_less_drafter_gets_the_targets_tokenizer(tmp_path
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + bytes(12))  # a GGUF magic, then nothing readable: left to llama.cpp's load
     assert resolve_drafter(junk, target) == junk
+
+
+def test_a_drafter_given_as_the_target_is_named_as_such(tmp_path):
+    """A DFlash drafter (with or without vocabulary) in the target's place gets an error that says so,
+    not "corrupt, truncated or unsupported"."""
+    from tfm_local.llm import LlamaError
+    from tfm_local.target import Target
+
+    target = write_tiny_target(tmp_path / "t.gguf", n_layer=3)
+    drafter, _ = init_random(target, tmp_path / "d.gguf")
+    for path in (drafter, strip_vocab(drafter, tmp_path / "bare.gguf")):
+        with pytest.raises(LlamaError, match="is a DFlash drafter, not a"):
+            Target(path, n_ctx=64, n_batch=32)

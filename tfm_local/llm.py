@@ -56,6 +56,25 @@ def gpu_available() -> bool:
     return bool(lc.llama_supports_gpu_offload())
 
 
+def _load_hint(path: Path) -> str:
+    """Why llama.cpp may have refused ``path`` as a model, read from its GGUF metadata
+    (``tfm_convert.gguf_meta``): a file without vocabulary, or a DFlash drafter; '' otherwise."""
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.gguf_meta import read_gguf_meta
+
+    try:
+        kv = read_gguf_meta(path).kv
+    except ConvertError:
+        return ""
+    arch = kv.get("general.architecture")
+    if arch is not None and arch.value == "dflash":
+        return (": it is a DFlash drafter, not a model to run alone (give it as the drafter, next to its "
+                "target)")
+    if "tokenizer.ggml.model" not in kv:
+        return ": it has no vocabulary (no tokenizer.ggml.model in its metadata)"
+    return ""
+
+
 class Model:
     """A GGUF model loaded by llama.cpp.
 
@@ -76,8 +95,8 @@ class Model:
         params.n_gpu_layers = n_gpu_layers if gpu_available() else 0
         self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
-            raise LlamaError(f"llama.cpp could not load {self.path} (corrupt, truncated or unsupported GGUF; "
-                             "set TFM_VERBOSE=1 for its log)")
+            raise LlamaError(f"llama.cpp could not load {self.path}" + (_load_hint(self.path) or
+                             " (corrupt, truncated or unsupported GGUF; set TFM_VERBOSE=1 for its log)"))
         self.vocab = lc.llama_model_get_vocab(self.ptr)
         self.n_embd = lc.llama_model_n_embd(self.ptr)
         self.n_layer = lc.llama_model_n_layer(self.ptr)

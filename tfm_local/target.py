@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import native
-from .llm import Context, Model
+from .llm import Context, LlamaError, Model
 from .tokenizer import Tokenizer
 
 
@@ -78,6 +78,9 @@ class Target:
             raise ValueError(f"n_ctx must be an integer >= {MIN_CTX}, got {n_ctx!r}")
         n_batch = min(n_batch, n_ctx)
         self.model = Model(path, n_gpu_layers=n_gpu_layers)
+        if self.model.arch == "dflash":
+            self.model.close()
+            raise LlamaError(f"{path} is a DFlash drafter, not a target: give it as the drafter, next to its target")
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                            kv_type=kv_type, n_threads=n_threads)
         self.tok = Tokenizer(self.model)
