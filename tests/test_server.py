@@ -271,6 +271,17 @@ def test_wrong_field_types(server, path, body, param):
     assert_error(post(server, path, json=body), 400, param=param)
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p"])
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity"])
+def test_non_finite_sampling_values(server, field, value):
+    """Python's JSON reads NaN / Infinity: they are refused as not finite (not as out of range)."""
+    raw = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (
+        MODEL.encode(), field.encode(), value)
+    err = assert_error(post(server, "/v1/chat/completions", content=raw,
+                            headers={"Content-Type": "application/json"}), 400, param=field)
+    assert "finite" in err["message"], err
+
+
 NULLABLE = ["stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
             "min_p", "seed", "stop", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
             "logit_bias", "response_format", "tools", "tool_choice", "user", "metadata"]

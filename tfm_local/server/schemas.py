@@ -105,10 +105,10 @@ class _Sampling(_Body):
     model_config = ConfigDict(strict=True, extra="allow")
     model: str
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     seed: int | None = None
     stop: Union[str, list[str], None] = None
     stream: bool = False
