@@ -62,6 +62,32 @@ def test_bench_writes_table_and_json(pair, tmp_path):
     assert plain == chain
 
 
+def test_an_interrupted_bench_keeps_its_finished_sets(pair, tmp_path, monkeypatch):
+    """After each prompt set but the last the JSON is written (atomically), marked incomplete: a run
+    stopped in its second set keeps the first one's rows and runs."""
+    from tfm_local.cli import bench
+
+    target, drafter = pair
+    real, calls = bench.run_checked, []
+
+    def stop_in_the_second_set(engine, prompt, mode, max_tokens):
+        calls.append(prompt.id)
+        if len(calls) > 2:  # gsm8k: one prompt in two modes; then the first humaneval run
+            raise KeyboardInterrupt
+        return real(engine, prompt, mode, max_tokens)
+
+    monkeypatch.setattr(bench, "run_checked", stop_in_the_second_set)
+    out = tmp_path / "b.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k,humaneval", "-n", "1",
+                    "--max-tokens", "4", "--modes", "plain,chain", "--warmup-tokens", "0", "--no-plot",
+                    "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["sets_done"] == ["gsm8k"] and len(calls) == 3
+    assert [(r["set"], r["mode"]) for r in doc["summary"]] == [("gsm8k", "plain"), ("gsm8k", "chain")]
+    assert {r["set"] for r in doc["runs"]} == {"gsm8k"} and not (tmp_path / "b.json.part").exists()
+
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -138,6 +164,7 @@ def test_bench_modes_json(bench_run):
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert {"command", "argv", "date", "machine", "target", "drafter", "summary", "runs"} <= set(doc)
+    assert doc["complete"] is True and "sets_done" not in doc
     assert "--modes" in doc["argv"] and "plain,chain,ddtree@4,auto" in doc["command"]
     assert isinstance(doc["machine"]["gpu"], bool) and doc["machine"]["threads"] >= 1
     summary = {row["mode"]: row for row in doc["summary"]}

@@ -8,7 +8,8 @@ speculative mode's output is compared with plain decoding's: mismatches are
 counted, not fatal (near-ties can flip with a different batch shape), and each
 is checked (``tfm_local.lossless``): the table's "(not ties)" counts those that do
 not start at a numerical near-tie, i.e. bugs, and a warning names them.
-Prints a table, writes JSON (per prompt and per set) and plots τ and tokens/s
+Prints a table, writes JSON (per prompt and per set; also after each prompt set but the last, marked
+``"complete": false``, so that an interrupted run keeps its finished sets) and plots τ and tokens/s
 against the budget B per prompt set (PNG); ``--plot-only`` redraws the plot
 from a JSON file.
 """
@@ -230,7 +231,7 @@ def main(argv=None) -> None:
     if first is not None and args.warmup_tokens:
         for mode in modes:  # the first passes of each shape allocate buffers: untimed
             run_checked(engine, first, mode, args.warmup_tokens)
-    for name, prompts in sets.items():
+    for k, (name, prompts) in enumerate(sets.items()):
         for i, p in enumerate(prompts):
             runs += [dict(run_checked(engine, p, m, args.max_tokens), set=name) for m in modes]
             print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
@@ -238,6 +239,8 @@ def main(argv=None) -> None:
         mark_mismatches(runs)
         classify_mismatches(engine, runs, {(name, p.id): p for p in prompts})
         table += summarize(runs, name, modes)
+        if k + 1 < len(sets):  # sets still to run: keep the finished ones on disk
+            write_json(args, table, runs, engine, argv, sets_done=list(sets)[:k + 1])
     print_table(table)
     bad = [f"{r['set']}/{r['prompt_id']} {r['mode']}" for r in runs
            if r.get("divergence") and not r["divergence"]["near_tie"]]
@@ -314,14 +317,19 @@ def machine_info(args, engine) -> dict:
                 gpu=bool(gpu_available() and not args.cpu))
 
 
-def write_json(args, table, runs, engine, argv=None) -> None:
-    """Write the bench JSON atomically: command, date, machine, models, summary rows and per-prompt runs."""
+def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None) -> None:
+    """Write the bench JSON atomically: command, date, machine, models, summary rows and per-prompt runs.
+    With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
+    lists the finished sets, so that an interrupted run keeps them."""
     doc = dict(**run_record(argv), machine=machine_info(args, engine),
                target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
                else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
-               summary=table, runs=runs, written=time.time())
+               complete=sets_done is None, summary=table, runs=runs, written=time.time())
+    if sets_done is not None:
+        doc["sets_done"] = sets_done
     write_common_json(args.json, doc)
-    print(f"wrote {args.json}", file=sys.stderr)
+    if sets_done is None:
+        print(f"wrote {args.json}", file=sys.stderr)
 
 
 def draw_or_warn(table: list[dict], path: str) -> None:
