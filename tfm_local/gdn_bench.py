@@ -218,8 +218,8 @@ def time_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int, n_wa
     return res
 
 
-def median_of_rounds(rounds: list[dict]) -> dict:
-    """Element-wise median of ``time_case`` results of several rounds (the same nested keys; a statistic
+def median_of_rounds(rounds: list) -> dict | float | None:
+    """Element-wise median of ``time_case`` results of several rounds (nested dicts with the same keys; a statistic
     that is None in any round stays None). Raises ValueError for no rounds."""
     if not rounds:
         raise ValueError("no rounds to combine")
