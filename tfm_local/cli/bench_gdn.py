@@ -135,7 +135,8 @@ def main(argv=None) -> None:
               + (f"; ops' own times {_x(bar['speedup_op'])}" if "speedup_op" in bar else ""))
     if a.json:
         doc = {**run_record(argv), "device": a.device, "device_name": device_name(a.device),
-               "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "rounds": a.rounds, "warmup": a.warmup, "seed": a.seed,
+               "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "rounds": a.rounds,
+               "warmup": a.warmup, "seed": a.seed,
                "method": METHOD, "bar": bar, "cases": cases}
         write_json(a.json, doc)
     if not all(c["check"]["correct"] for c in cases):
