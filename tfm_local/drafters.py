@@ -49,12 +49,18 @@ def shipped_drafter_for(target: Path) -> Path | None:
     if name is None:
         return None
     digest = _file_key(ASSETS / name)[:12]
-    out = cache_dir() / "drafters" / name.replace(".novocab.gguf", f"-{digest}.gguf")
+    return _attached_once(ASSETS / name, target, name.replace(".novocab.gguf", f"-{digest}.gguf"))
+
+
+def _attached_once(weights: Path, target: Path, name: str) -> Path:
+    """``cache_dir()/drafters/name``: ``weights`` with ``target``'s tokenizer attached
+    (``tfm_convert.vocab.attach_vocab``), written on the first call only."""
+    out = cache_dir() / "drafters" / name
     if not out.exists():
         from tfm_convert.vocab import attach_vocab
 
         out.parent.mkdir(parents=True, exist_ok=True)
-        attach_vocab(ASSETS / name, target, out)
+        attach_vocab(weights, target, out)
     return out
 
 
@@ -87,13 +93,7 @@ def with_vocab(drafter: Path, target: Path) -> Path:
     if arch is None or arch.value != "dflash" or "tokenizer.ggml.model" in kv:
         return drafter
     stem = drafter.name.removesuffix(".gguf").removesuffix(".novocab")
-    out = cache_dir() / "drafters" / f"{stem}-{_file_key(drafter)[:12]}-for-{_file_key(target)[:8]}.gguf"
-    if not out.exists():
-        from tfm_convert.vocab import attach_vocab
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        attach_vocab(drafter, target, out)
-    return out
+    return _attached_once(drafter, target, f"{stem}-{_file_key(drafter)[:12]}-for-{_file_key(target)[:8]}.gguf")
 
 
 def resolve_drafter(spec: str | os.PathLike, target: Path) -> Path:
