@@ -56,9 +56,22 @@ def gpu_available() -> bool:
     return bool(lc.llama_supports_gpu_offload())
 
 
+def gguf_architecture(path: str | os.PathLike) -> str | None:
+    """``general.architecture`` of a GGUF file, read with ``tfm_convert.gguf_meta``; None when the file
+    does not parse or has none (for error messages: llama.cpp is the judge of what loads)."""
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.gguf_meta import read_gguf_meta
+
+    try:
+        arch = read_gguf_meta(path).kv.get("general.architecture")
+    except ConvertError:
+        return None
+    return None if arch is None else arch.value
+
+
 def _load_hint(path: Path) -> str:
-    """Why llama.cpp may have refused ``path`` as a model, read from its GGUF metadata
-    (``tfm_convert.gguf_meta``): a file without vocabulary, or a DFlash drafter; '' otherwise."""
+    """Why llama.cpp may have refused ``path``, read from its GGUF metadata: a file without vocabulary;
+    '' otherwise."""
     from tfm_convert.errors import ConvertError
     from tfm_convert.gguf_meta import read_gguf_meta
 
@@ -66,13 +79,7 @@ def _load_hint(path: Path) -> str:
         kv = read_gguf_meta(path).kv
     except ConvertError:
         return ""
-    arch = kv.get("general.architecture")
-    if arch is not None and arch.value == "dflash":
-        return (": it is a DFlash drafter, not a model to run alone (give it as the drafter, next to its "
-                "target)")
-    if "tokenizer.ggml.model" not in kv:
-        return ": it has no vocabulary (no tokenizer.ggml.model in its metadata)"
-    return ""
+    return "" if "tokenizer.ggml.model" in kv else ": it has no vocabulary (no tokenizer.ggml.model in its metadata)"
 
 
 class Model:

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import native
-from .llm import Context, LlamaError, Model
+from .llm import Context, LlamaError, Model, gguf_architecture
 from .tokenizer import Tokenizer
 
 
@@ -62,6 +62,10 @@ class NodeRows:
         return a if dtype is None else a.astype(dtype)
 
 
+def _drafter_as_target(path) -> LlamaError:
+    return LlamaError(f"{path} is a DFlash drafter, not a target: give it as the drafter, next to its target")
+
+
 class Target:
     """A target model and its context.
 
@@ -77,10 +81,15 @@ class Target:
         if not isinstance(n_ctx, int) or n_ctx < MIN_CTX:
             raise ValueError(f"n_ctx must be an integer >= {MIN_CTX}, got {n_ctx!r}")
         n_batch = min(n_batch, n_ctx)
-        self.model = Model(path, n_gpu_layers=n_gpu_layers)
+        try:
+            self.model = Model(path, n_gpu_layers=n_gpu_layers)
+        except LlamaError:
+            if gguf_architecture(path) == "dflash":  # a drafter without vocabulary does not load at all
+                raise _drafter_as_target(path) from None
+            raise
         if self.model.arch == "dflash":
             self.model.close()
-            raise LlamaError(f"{path} is a DFlash drafter, not a target: give it as the drafter, next to its target")
+            raise _drafter_as_target(path)
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                            kv_type=kv_type, n_threads=n_threads)
         self.tok = Tokenizer(self.model)
