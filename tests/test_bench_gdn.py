@@ -215,3 +215,67 @@ def test_bar_result():
 def test_tolerances_are_shared_with_the_op_tests():
     assert set(tree_ops.ERR_F32_BY_DEVICE) == {"cpu", "gpu"}
     assert tree_ops.rel_err(np.ones(3), np.ones(3) + 1e-3) == pytest.approx(1e-3 / (1 + 1e-3))
+
+
+def _tree_file(path, rows) -> str:
+    np.savez(path, parents=np.asarray(rows, np.int32), set=np.array(["humaneval"] * len(rows)))
+    return str(path)
+
+
+CHAIN = [-1, 0, 1, 2, 3, 4, 5, 6]   # one leaf, 8 per-branch tokens
+STAR = [-1, 0, 0, 0, 0, 0, 0, 0]    # 7 leaves, 14 tokens
+MIXED = [-1, 0, 1, 1, 0, 4, 5, 5]   # 4 leaves, 3 + 3 + 4 + 4 = 14 tokens
+
+
+def test_tree_from_parents_rejects_what_is_not_a_tree_in_order():
+    t = gdn_bench.tree_from_parents(MIXED)
+    assert list(t.depth) == [0, 1, 2, 2, 1, 2, 3, 3] and list(t.tokens) == list(range(8))
+    for bad in ([0, 0], [-1, 1], [-1, 0, -1], [-1, 0, 3, 1], []):
+        with pytest.raises(ValueError, match="not a tree"):
+            gdn_bench.tree_from_parents(bad)
+
+
+def test_load_trees_spreads_the_picks_over_per_branch_cost(tmp_path):
+    f = _tree_file(tmp_path / "t.npz", [STAR, CHAIN, MIXED, CHAIN, STAR])
+    cost = lambda t: sum(map(len, gdn_bench.leaf_paths(t)))  # noqa: E731
+    two = gdn_bench.load_trees(f, 2)
+    assert [cost(t) for t in two] == [8, 14] and list(two[0].parents) == CHAIN  # cheapest and dearest
+    assert [cost(t) for t in gdn_bench.load_trees(f, 3)] == [8, 14, 14]
+    assert len(gdn_bench.load_trees(f, 50)) == 5  # never more than the file holds
+
+
+def test_load_trees_explains_a_bad_file(tmp_path):
+    np.savez(tmp_path / "nokey.npz", trees=np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="no 'parents' array"):
+        gdn_bench.load_trees(str(tmp_path / "nokey.npz"), 2)
+    with pytest.raises(ValueError, match=r"\[n_trees, N\]"):
+        gdn_bench.load_trees(_tree_file(tmp_path / "flat.npz", CHAIN), 2)
+    with pytest.raises(ValueError, match="tree 1: not a tree"):
+        gdn_bench.load_trees(_tree_file(tmp_path / "bad.npz", [CHAIN, [-1, 0, 5, 1, 1, 1, 1, 1]]), 2)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="not a tree file"):
+        gdn_bench.load_trees(str(tmp_path / "junk.npz"), 2)
+    with pytest.raises(OSError):
+        gdn_bench.load_trees(str(tmp_path / "missing.npz"), 2)
+
+
+def test_cli_times_the_trees_of_a_file(tmp_path, capsys):
+    f, out = _tree_file(tmp_path / "t.npz", [STAR, CHAIN, MIXED]), tmp_path / "gdn.json"
+    bench_gdn.main(["--device", "cpu", "--trees", f, "--tree-count", "2", "--heads-v", "4", "--heads-k", "2",
+                    "--head-dim", "16", "--conv-channels", "32", "--iters", "2", "--warmup", "1", "--threads", "2",
+                    "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["trees"] == f and [(c["nodes"], c["leaves"]) for c in doc["cases"]] == [(8, 1), (8, 4)]  # cheapest; dearest = MIXED (last of the ties)
+    assert all(c["check"]["correct"] and c["times"]["gdn"]["tree"]["median_ms"] > 0 for c in doc["cases"])
+
+
+def test_cli_refuses_a_bad_tree_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_gdn.main(["--device", "cpu", "--trees", str(tmp_path / "missing.npz")])
+    assert e.value.code == 2 and "--trees:" in capsys.readouterr().err
+
+
+def test_bar_result_takes_the_median_over_trees():
+    cases = [{"nodes": 128, "speedup": {"gdn": g, "gdn_op": o}} for g, o in ((6.0, 5.0), (7.5, None), (8.0, 7.0))]
+    bar = bench_gdn.bar_result(cases + [{"nodes": 128, "check": {"correct": False}}])
+    assert bar["speedup"] == 7.5 and bar["met"] is True and bar["trees"] == 3 and bar["speedup_op"] == 6.0

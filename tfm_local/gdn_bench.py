@@ -65,6 +65,45 @@ def ddtree(n_nodes: int, rng: np.random.Generator, top_k: int = 8) -> Tree:
     return build_ddtree(0, order, np.log(np.take_along_axis(p, order, 1)), n_nodes - 1)
 
 
+def tree_from_parents(parents: np.ndarray) -> Tree:
+    """A Tree of the given shape (tokens = node indices, log-probs 0): parents int ``[N]``, ``parents[0] = -1``,
+    ``0 <= parents[i] < i``. Raises ValueError otherwise."""
+    par = np.asarray(parents, np.int64)
+    idx = np.arange(len(par))
+    if par.ndim != 1 or len(par) == 0 or par[0] != -1 or np.any(par[1:] < 0) or np.any(par[1:] >= idx[1:]):
+        raise ValueError("not a tree in topological order (need parents[0] = -1 and 0 <= parents[i] < i)")
+    depth = np.zeros(len(par), np.int32)
+    for i in range(1, len(par)):
+        depth[i] = depth[par[i]] + 1
+    return Tree(par.astype(np.int32), idx.astype(np.int32), depth, np.zeros(len(par)))
+
+
+def load_trees(path: str, count: int) -> list[Tree]:
+    """``count`` trees of a tree file (docs/capture_trees.py: ``parents`` int ``[n_trees, N]``, one row per
+    real draft tree), spread over its range of per-branch cost: sorted by the tokens per-branch
+    verification processes (the sum of root-to-leaf path lengths), the trees at ``count`` evenly spaced
+    ranks, lowest and highest included (all of them when the file has fewer). Raises OSError for an
+    unreadable file, ValueError for one without a 2-D ``parents`` array or with a row that is not a tree."""
+    try:
+        with np.load(path) as f:
+            rows = np.asarray(f["parents"])
+    except KeyError:
+        raise ValueError(f"{path}: no 'parents' array (expected docs/capture_trees.py's output)") from None
+    except (ValueError, EOFError) as e:  # not an .npz
+        raise ValueError(f"{path}: not a tree file ({e})") from None
+    if rows.ndim != 2 or rows.shape[0] == 0:
+        raise ValueError(f"{path}: 'parents' must be [n_trees, N], got shape {rows.shape}")
+    trees = []
+    for i, r in enumerate(rows):
+        try:
+            trees.append(tree_from_parents(r))
+        except ValueError as e:
+            raise ValueError(f"{path}: tree {i}: {e}") from None
+    trees.sort(key=lambda t: sum(map(len, leaf_paths(t))))
+    pick = np.unique(np.round(np.linspace(0, len(trees) - 1, min(count, len(trees)))).astype(int))
+    return [trees[i] for i in pick]
+
+
 def leaf_paths(tree: Tree) -> list[list[int]]:
     """Root-to-leaf paths (node indices, root first), leaves in node order."""
     has_child = np.zeros(len(tree), bool)
@@ -232,8 +271,10 @@ def median_of_rounds(rounds: list) -> dict | float | None:
 
 
 def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "cpu", n_threads: int = 2,
-             n_warmup: int = 3, n_iter: int = 10, n_repeat: int = 1, n_rounds: int = 1) -> dict:
-    """Build a DDTree of ``n_nodes`` nodes and random inputs, check it (``check_case``) and, when correct,
+             n_warmup: int = 3, n_iter: int = 10, n_repeat: int = 1, n_rounds: int = 1,
+             tree: Tree | None = None) -> dict:
+    """Build a DDTree of ``n_nodes`` nodes (or take ``tree``, e.g. a real one from ``load_trees``; then
+    ``n_nodes`` is ignored) and random inputs, check it (``check_case``) and, when correct,
     time it (``time_case``, ``n_rounds`` times, every op once a round, so that a slow spell of a shared
     machine falls on the tree and the per-branch ops alike; the element-wise median of the rounds,
     ``median_of_rounds``). Returns ``{"nodes", "leaves", "depth", "groups": {length: n_seqs},
@@ -241,7 +282,8 @@ def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "
     "gdn_padded", "conv_padded"} (per-branch / tree, medians; with ``n_repeat`` >= 2 also the same four
     with the suffix ``_op``: ratios of the ops' own times, None where one came out <= 0)}``. Raises native.OpUnavailable when the
     device cannot run an op."""
-    tree = ddtree(n_nodes, rng)
+    tree = ddtree(n_nodes, rng) if tree is None else tree
+    n_nodes = len(tree)
     paths = leaf_paths(tree)
     x = make_inputs(dims, n_nodes, rng)
     case = {"nodes": n_nodes, "leaves": len(paths), "depth": max(map(len, paths)),

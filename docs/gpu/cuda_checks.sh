@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done, cheapest-first so that a short
 # hold still brings the decisive numbers: tfm-bench plain / chain / DDTree@8/16/32, the tree-GDN op at 128
-# nodes with the state kernel forked beside the pairs kernel (patch 0014, the default) and serial
-# (TFM_CUDA_GDN_SERIAL=1), upstream's DFlash chain (if upstream_build.sh finished), the tree-GDN sweep
-# over 16-128 nodes, then the CUDA tests and compute-sanitizer runs.
+# nodes on the synthetic tree and on five real DDTree@128 trees, upstream's DFlash chain (if
+# upstream_build.sh finished), then the CUDA tests and compute-sanitizer runs.
 # llama.cpp runs with THREADS (default 4) host threads: with every core in its pool, a fit on the other
 # GPU (which keeps host cores busy) slowed plain decoding from ~550 to ~220 tokens/s in the ninth session.
 # Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end (whatever happened).
@@ -25,32 +24,24 @@ T=~/w/model.gguf
 python3 -m tfm_local.cli.bench --target $T --drafter auto --threads ${THREADS:-4} \
   --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench.json > $O/bench.txt 2>&1
 touch ${ST:-~/st}/ab.done
-# do multi-token verify passes keep their CUDA graph? (the chain's and DDTree's submit costs 0.5-1.2 ms a step
-# against plain decoding's 0.15): ggml-cuda's debug log, counted per message kind
-for m in plain chain ddtree@16; do
-  TFM_VERBOSE=1 LLAMA_GRAPH_RESULT_DEBUG=1 python3 -m tfm_local.cli.bench --target $T --drafter auto --threads ${THREADS:-4} --modes $m \
-    --sets humaneval -n 2 --max-tokens 64 --no-plot > $O/graphs-$m.log 2>&1
-  echo "== $m"; grep -o "CUDA graph warmup [a-z]*\|CUDA Graph id [0-9]* reused\|disabling CUDA graphs[a-z ]*\|can reuse graph = [01]" $O/graphs-$m.log |
-    sed "s/id [0-9]*/id N/" | sort | uniq -c
+# which decode calls keep their graph and their CUDA graph, per context and call kind (the tenth session's
+# CPU trace: the target reuses its verify graph, the drafter, alternating injection and block, never does)
+for m in chain ddtree; do
+  TFM_VERBOSE=1 LLAMA_GRAPH_RESULT_DEBUG=1 python3 docs/trace_graphs.py --target $T --gpu --mode $m --budget 15 --tokens 64 \
+    > $O/trace-$m.log 2>&1
+  echo "== $m"; python3 docs/trace_graphs.py --summarize $O/trace-$m.log
 done > $O/graphs.txt
-# where a drafter step goes (bench_pass: 0.94 ms for a 16-position top-k block pass of a 3-layer drafter, about
-# half a 28-layer target token): kernel times and CUDA API calls (cudaLaunchKernel against cudaGraphLaunch)
-NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys 2> /dev/null)
-[ -n "$NSYS" ] && $NSYS profile -t cuda -o $O/pass --force-overwrite true python3 -m tfm_local.cli.bench_pass --target $T \
-  --tokens 1,16 --variants argmax --drafter auto --iters 50 --threads ${THREADS:-4} > $O/nsys.log 2>&1 &&
-  $NSYS stats -r cuda_gpu_kern_sum,cuda_api_sum $O/pass.nsys-rep > $O/nsys-pass.txt 2>&1 && rm -f $O/pass.nsys-rep $O/pass.sqlite
-# tree GDN at 128 nodes: the state kernel forked beside the pairs kernel (patch 0014, the default) and
-# the three kernels in order on one stream (TFM_CUDA_GDN_SERIAL=1)
+# tree GDN at 128 nodes: the synthetic tree of earlier sessions, then five real DDTree@128 trees of the
+# shipped drafter (docs/trees-ddtree128.npz, from docs/capture_trees.py), spread over their per-branch cost
 G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 30 --repeat 8 --rounds 5 --threads ${THREADS:-4}"
 $G --nodes 128 --json $O/gdn.json > $O/gdn.txt 2>&1
-TFM_CUDA_GDN_SERIAL=1 $G --nodes 128 --json $O/gdn-serial.json > $O/gdn-serial.txt 2>&1
+$G --trees docs/trees-ddtree128.npz --tree-count 5 --json $O/gdn-real.json > $O/gdn-real.txt 2>&1
 touch ${ST:-~/st}/gdn.done
 # upstream's chain with the same (vocabulary-attached) drafter
 for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
 D=$(ls -t ~/.cache/tfm-local/drafters/*.gguf | head -1)
 [ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.cli.bench_upstream --binary ~/up/b/bin/llama-speculative-simple \
   --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
-$G --nodes 16,32,64,128 --json $O/gdn-sweep.json > $O/gdn-sweep.txt 2>&1
 touch ${ST:-~/st}/timing.done
 TESTS="tests/test_tree_gdn_ops.py tests/test_top_k_op.py tests/test_greedy_argmax.py tests/test_drafter_topk.py
   tests/test_tree_verify.py tests/test_tree_gdn_model.py"
