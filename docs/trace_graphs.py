@@ -8,8 +8,11 @@ The first form generates one answer (greedy) with the target (default: the defau
 shipped drafter and prints a marker line before
 every decode call of every context (``@@ <context> <method> <rows>``, context = target or drafter); the
 log lines llama.cpp and ggml-cuda print during that call follow it. The second form counts, per
-context and call kind (method and rows), the calls, llama.cpp's graph reuses (``can reuse graph = 1``)
-and ggml-cuda's CUDA-graph messages (reused / warmup complete / warmup reset).
+context and call kind (method, and rows for token batches; injections are pooled as "n"), the calls,
+llama.cpp's graph reuses (``can reuse graph = 1``, one per reused ubatch) and ggml-cuda's CUDA-graph
+messages: "same uid" (the graph llama.cpp reused, replayed as is), warmup complete and warmup reset. A
+rebuilt graph whose CUDA graph is replayed after ggml-cuda's property check prints nothing, so a call
+with no message may or may not have run as a CUDA graph.
 """
 import argparse
 import collections
@@ -17,7 +20,7 @@ import re
 import sys
 
 MARK = re.compile(r"^@@ (\w+) (\w+) (\d+)")
-EVENTS = {"llama reuse": "can reuse graph = 1", "cuda graph reused": "CUDA Graph id",
+EVENTS = {"llama reuse": "can reuse graph = 1", "cuda same uid": "CUDA Graph id",
           "cuda warmup complete": "CUDA graph warmup complete", "cuda warmup reset": "CUDA graph warmup reset"}
 
 
@@ -25,7 +28,11 @@ def summarize(path: str) -> None:
     """Print the per-context, per-call-kind counts of a trace log."""
     counts = collections.defaultdict(collections.Counter)
     key = None
-    for line in open(path, errors="replace"):
+    try:
+        lines = open(path, errors="replace").readlines()
+    except OSError as e:
+        sys.exit(f"cannot read {path}: {e}")
+    for line in lines:
         m = MARK.match(line)
         if m:
             ctx, method, rows = m.groups()
@@ -34,6 +41,8 @@ def summarize(path: str) -> None:
         elif key is not None:
             for name, text in EVENTS.items():
                 counts[key][name] += text in line
+    if not counts:
+        sys.exit(f"{path}: no '@@' decode markers: not a trace (run the tracing form with 2>&1 into the log)")
     cols = ["calls", *EVENTS]
     print(f"{'context':8s} {'call':16s} {'rows':>4s} " + " ".join(f"{c:>20s}" for c in cols))
     order = lambda kv: (kv[0][0], kv[0][1], -1 if kv[0][2] == "n" else kv[0][2])  # noqa: E731
@@ -68,10 +77,13 @@ def main() -> None:
     ap.add_argument("--summarize", metavar="LOG", help="count the events of a trace log instead of tracing")
     ap.add_argument("--target", help="target GGUF (default: the default target)")
     ap.add_argument("--mode", choices=("chain", "ddtree"), default="chain")
-    ap.add_argument("--budget", type=int, default=15, help="draft tokens (chain) or tree nodes (default 15)")
+    ap.add_argument("--budget", type=int, default=15, help="drafted tokens per step: the chain's length or the "
+                    "tree's nodes besides the root (default 15)")
     ap.add_argument("--tokens", type=int, default=64, help="new tokens (default 64)")
     ap.add_argument("--gpu", action="store_true", help="offload both models (default: CPU)")
     a = ap.parse_args()
+    if a.budget < 1 or a.tokens < 1:
+        ap.error("--budget and --tokens must be >= 1 (a trace needs drafting)")
     summarize(a.summarize) if a.summarize else trace(a)
 
 

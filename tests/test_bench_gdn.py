@@ -47,8 +47,9 @@ def test_bench_op_repeat_computes_the_copies():
     srcs = gdn_bench.gdn_srcs(gdn_bench.make_inputs(dims, 64, rng), tree.parents)
     one = native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=1)
     many = native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=16)
-    assert np.median(many) > 4 * np.median(one)
-    assert 0 < native.op_time(one, many, 16) < np.median(many)
+    # minima: a busy machine (a CI run beside this one) inflates single calls by up to 10x, never below the work
+    assert np.min(many) > 4 * np.min(one)
+    assert 0 < native.op_time(one.min(keepdims=True), many.min(keepdims=True), 16) < np.min(many)
 
 
 def test_speedup_ratio_is_undefined_for_non_positive_times():
@@ -230,7 +231,7 @@ MIXED = [-1, 0, 1, 1, 0, 4, 5, 5]   # 4 leaves, 3 + 3 + 4 + 4 = 14 tokens
 def test_tree_from_parents_rejects_what_is_not_a_tree_in_order():
     t = gdn_bench.tree_from_parents(MIXED)
     assert list(t.depth) == [0, 1, 2, 2, 1, 2, 3, 3] and list(t.tokens) == list(range(8))
-    for bad in ([0, 0], [-1, 1], [-1, 0, -1], [-1, 0, 3, 1], []):
+    for bad in ([0, 0], [-1, 1], [-1, 0, -1], [-1, 0, 3, 1], [], [-1, 0, 0.5, 1], [[-1, 0]]):
         with pytest.raises(ValueError, match="not a tree"):
             gdn_bench.tree_from_parents(bad)
 
@@ -239,9 +240,11 @@ def test_load_trees_spreads_the_picks_over_per_branch_cost(tmp_path):
     f = _tree_file(tmp_path / "t.npz", [STAR, CHAIN, MIXED, CHAIN, STAR])
     cost = lambda t: sum(map(len, gdn_bench.leaf_paths(t)))  # noqa: E731
     two = gdn_bench.load_trees(f, 2)
-    assert [cost(t) for t in two] == [8, 14] and list(two[0].parents) == CHAIN  # cheapest and dearest
-    assert [cost(t) for t in gdn_bench.load_trees(f, 3)] == [8, 14, 14]
+    assert [(i, cost(t)) for i, _, t in two] == [(1, 8), (4, 14)] and list(two[0][2].parents) == CHAIN
+    assert [cost(t) for _, _, t in gdn_bench.load_trees(f, 3)] == [8, 14, 14]
+    assert [cost(t) for _, _, t in gdn_bench.load_trees(f, 1)] == [14]  # the median, not the cheapest
     assert len(gdn_bench.load_trees(f, 50)) == 5  # never more than the file holds
+    assert {s for s, in [(s,) for _, s, _ in two]} == {"humaneval"}
 
 
 def test_load_trees_explains_a_bad_file(tmp_path):
@@ -253,8 +256,14 @@ def test_load_trees_explains_a_bad_file(tmp_path):
     with pytest.raises(ValueError, match="tree 1: not a tree"):
         gdn_bench.load_trees(_tree_file(tmp_path / "bad.npz", [CHAIN, [-1, 0, 5, 1, 1, 1, 1, 1]]), 2)
     (tmp_path / "junk.npz").write_bytes(b"not a zip file")
-    with pytest.raises(ValueError, match="not a tree file"):
+    with pytest.raises(ValueError, match="not an .npz archive"):
         gdn_bench.load_trees(str(tmp_path / "junk.npz"), 2)
+    (tmp_path / "zip.npz").write_bytes(b"PK\x03\x04 truncated zip")
+    with pytest.raises(ValueError, match="not an .npz archive"):
+        gdn_bench.load_trees(str(tmp_path / "zip.npz"), 2)
+    np.save(tmp_path / "one.npy", np.asarray([CHAIN]))
+    with pytest.raises(ValueError, match="a single array"):
+        gdn_bench.load_trees(str(tmp_path / "one.npy"), 2)
     with pytest.raises(OSError):
         gdn_bench.load_trees(str(tmp_path / "missing.npz"), 2)
 
@@ -265,7 +274,10 @@ def test_cli_times_the_trees_of_a_file(tmp_path, capsys):
                     "--head-dim", "16", "--conv-channels", "32", "--iters", "2", "--warmup", "1", "--threads", "2",
                     "--json", str(out)])
     doc = json.loads(out.read_text())
-    assert doc["trees"] == f and [(c["nodes"], c["leaves"]) for c in doc["cases"]] == [(8, 1), (8, 4)]  # cheapest; dearest = MIXED (last of the ties)
+    assert doc["trees"] == f and len(doc["trees_sha256"]) == 64
+    # cheapest (CHAIN, row 1) and dearest (MIXED, row 2: the last of the ties)
+    assert [(c["nodes"], c["leaves"], c["tree_index"], c["tree_set"]) for c in doc["cases"]] == \
+        [(8, 1, 1, "humaneval"), (8, 4, 2, "humaneval")]
     assert all(c["check"]["correct"] and c["times"]["gdn"]["tree"]["median_ms"] > 0 for c in doc["cases"])
 
 
@@ -278,4 +290,4 @@ def test_cli_refuses_a_bad_tree_file(tmp_path, capsys):
 def test_bar_result_takes_the_median_over_trees():
     cases = [{"nodes": 128, "speedup": {"gdn": g, "gdn_op": o}} for g, o in ((6.0, 5.0), (7.5, None), (8.0, 7.0))]
     bar = bench_gdn.bar_result(cases + [{"nodes": 128, "check": {"correct": False}}])
-    assert bar["speedup"] == 7.5 and bar["met"] is True and bar["trees"] == 3 and bar["speedup_op"] == 6.0
+    assert bar["speedup"] == 7.5 and bar["met"] is True and bar["n_trees"] == 3 and bar["speedup_op"] == 6.0

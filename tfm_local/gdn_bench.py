@@ -18,6 +18,7 @@ synchronize of a one-op graph, inputs already on the device).
 """
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,9 +68,12 @@ def ddtree(n_nodes: int, rng: np.random.Generator, top_k: int = 8) -> Tree:
 
 def tree_from_parents(parents: np.ndarray) -> Tree:
     """A Tree of the given shape (tokens = node indices, log-probs 0): parents int ``[N]``, ``parents[0] = -1``,
-    ``0 <= parents[i] < i``. Raises ValueError otherwise."""
-    par = np.asarray(parents, np.int64)
-    idx = np.arange(len(par))
+    ``0 <= parents[i] < i``. Raises ValueError otherwise (also for a non-integer array)."""
+    raw = np.asarray(parents)
+    if raw.size and not np.issubdtype(raw.dtype, np.integer):
+        raise ValueError(f"not a tree in topological order: parents must be integers, got {raw.dtype}")
+    par = raw.astype(np.int64)
+    idx = np.arange(len(par)) if par.ndim == 1 else np.zeros(0, np.int64)
     if par.ndim != 1 or len(par) == 0 or par[0] != -1 or np.any(par[1:] < 0) or np.any(par[1:] >= idx[1:]):
         raise ValueError("not a tree in topological order (need parents[0] = -1 and 0 <= parents[i] < i)")
     depth = np.zeros(len(par), np.int32)
@@ -78,28 +82,39 @@ def tree_from_parents(parents: np.ndarray) -> Tree:
     return Tree(par.astype(np.int32), idx.astype(np.int32), depth, np.zeros(len(par)))
 
 
-def load_trees(path: str, count: int) -> list[Tree]:
+def load_trees(path: str, count: int) -> list[tuple[int, str | None, Tree]]:
     """``count`` trees of a tree file (docs/capture_trees.py: ``parents`` int ``[n_trees, N]``, one row per
-    real draft tree), spread over its range of per-branch cost: sorted by the tokens per-branch
-    verification processes (the sum of root-to-leaf path lengths), the trees at ``count`` evenly spaced
-    ranks, lowest and highest included (all of them when the file has fewer). Raises OSError for an
-    unreadable file, ValueError for one without a 2-D ``parents`` array or with a row that is not a tree."""
+    real draft tree, and optionally ``set``, the prompt set of each), spread over its range of per-branch
+    cost: sorted by the tokens per-branch verification processes (the sum of root-to-leaf path lengths),
+    the trees at ``count`` evenly spaced ranks, lowest and highest included (the median one for
+    ``count`` = 1; all of them when the file has fewer). Returns ``(row index, set or None, tree)`` per
+    pick, cheapest first. Raises OSError for an unreadable file, ValueError for one that is not an .npz
+    archive, has no 2-D ``parents`` array or has a row that is not a tree."""
     try:
-        with np.load(path) as f:
+        f = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not an .npz archive ({e})") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not an .npz archive (a single array)")
+    with f:
+        if "parents" not in f.files:
+            raise ValueError(f"{path}: no 'parents' array (expected docs/capture_trees.py's output)")
+        try:
             rows = np.asarray(f["parents"])
-    except KeyError:
-        raise ValueError(f"{path}: no 'parents' array (expected docs/capture_trees.py's output)") from None
-    except (ValueError, EOFError) as e:  # not an .npz
-        raise ValueError(f"{path}: not a tree file ({e})") from None
+            sets = [str(x) for x in f["set"]] if "set" in f.files else None
+        except (ValueError, zipfile.BadZipFile) as e:
+            raise ValueError(f"{path}: unreadable array ({e})") from None
     if rows.ndim != 2 or rows.shape[0] == 0:
         raise ValueError(f"{path}: 'parents' must be [n_trees, N], got shape {rows.shape}")
     trees = []
     for i, r in enumerate(rows):
         try:
-            trees.append(tree_from_parents(r))
+            trees.append((i, sets[i] if sets and i < len(sets) else None, tree_from_parents(r)))
         except ValueError as e:
             raise ValueError(f"{path}: tree {i}: {e}") from None
-    trees.sort(key=lambda t: sum(map(len, leaf_paths(t))))
+    trees.sort(key=lambda it: sum(map(len, leaf_paths(it[2]))))
+    if count == 1:
+        return [trees[(len(trees) - 1) // 2]]
     pick = np.unique(np.round(np.linspace(0, len(trees) - 1, min(count, len(trees)))).astype(int))
     return [trees[i] for i in pick]
 

@@ -25,6 +25,7 @@ from dataclasses import asdict
 import numpy as np
 
 from .. import gdn_bench, native
+from ..train.atomic import sha256_file
 from .common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
 
 BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
@@ -112,7 +113,7 @@ def bar_result(cases: list[dict]) -> dict | None:
         return None
     speedup = float(np.median([s["gdn"] for s in timed]))
     out = {"nodes": BAR_NODES, "required": BAR_SPEEDUP, "speedup": speedup, "met": bool(speedup >= BAR_SPEEDUP),
-           "trees": len(timed)}
+           "n_trees": len(timed)}
     ops = [s["gdn_op"] for s in timed if s.get("gdn_op") is not None]
     if ops:  # for information: the ratio of the ops' own times
         out["speedup_op"] = float(np.median(ops))
@@ -120,13 +121,15 @@ def bar_result(cases: list[dict]) -> dict | None:
 
 
 def case_trees(a: argparse.Namespace) -> list:
-    """(n_nodes, tree or None) per case: the --nodes sizes (synthetic trees), or the --trees file's picks."""
+    """(n_nodes, tree or None, what the case records about the tree) per case: the --nodes sizes
+    (synthetic trees), or the --trees file's picks (row index and prompt set)."""
     if not a.trees:
-        return [(n, None) for n in a.nodes]
+        return [(n, None, {}) for n in a.nodes]
     try:
-        return [(len(t), t) for t in gdn_bench.load_trees(a.trees, a.tree_count)]
+        picks = gdn_bench.load_trees(a.trees, a.tree_count)
     except (OSError, ValueError) as e:
         fail(f"--trees: {e}")
+    return [(len(t), t, {"tree_index": i, "tree_set": s}) for i, s, t in picks]
 
 
 def main(argv=None) -> None:
@@ -136,9 +139,10 @@ def main(argv=None) -> None:
     dims = gdn_bench.Dims(a.heads_v, a.heads_k, a.head_dim, a.conv_channels, a.d_conv, a.layers)
     rng = np.random.default_rng(a.seed)
     cases = []
-    for n, tree in case_trees(a):
+    for n, tree, about in case_trees(a):
         try:
-            c = gdn_bench.run_case(n, dims, rng, a.device, a.threads, a.warmup, a.iters, a.repeat, a.rounds, tree)
+            c = {**gdn_bench.run_case(n, dims, rng, a.device, a.threads, a.warmup, a.iters, a.repeat, a.rounds, tree),
+                 **about}
         except native.NativeError as e:
             fail(str(e))
         print(f"N={n}: {c['leaves']} leaves, depth {c['depth']}, groups {c['groups']}, correct "
@@ -149,13 +153,14 @@ def main(argv=None) -> None:
     bar = bar_result(cases)
     if bar:
         print(f"\nbar: gdn speedup at {BAR_NODES} nodes {bar['speedup']:.2f}x"
-              + (f" (median of {bar['trees']} trees)" if bar["trees"] > 1 else "") + f" (required >= {BAR_SPEEDUP}x): "
+              + (f" (median of {bar['n_trees']} trees)" if bar["n_trees"] > 1 else "") + f" (required >= {BAR_SPEEDUP}x): "
               f"{'met' if bar['met'] else 'NOT met'}"
               + (f"; ops' own times {_x(bar['speedup_op'])}" if "speedup_op" in bar else ""))
     if a.json:
         doc = {**run_record(argv), "device": a.device, "device_name": device_name(a.device),
                "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "rounds": a.rounds,
-               "warmup": a.warmup, "seed": a.seed, "trees": a.trees,
+               "warmup": a.warmup, "seed": a.seed,
+               **({"trees": os.path.abspath(a.trees), "trees_sha256": sha256_file(a.trees)} if a.trees else {}),
                "method": METHOD, "bar": bar, "cases": cases}
         write_json(a.json, doc)
     if not all(c["check"]["correct"] for c in cases):
