@@ -82,12 +82,10 @@ def with_vocab(drafter: Path, target: Path) -> Path:
     vocabulary-less output, as the shipped assets are), a cached copy with ``target``'s tokenizer
     attached (``tfm_convert.vocab.attach_vocab``; named after both files' identities). A file that does
     not parse as GGUF is returned unchanged: loading it reports the problem."""
-    from tfm_convert.errors import ConvertError
-    from tfm_convert.gguf_meta import read_gguf_meta
+    from .llm import gguf_kv
 
-    try:
-        kv = read_gguf_meta(drafter).kv
-    except ConvertError:
+    kv = gguf_kv(drafter)
+    if kv is None:
         return drafter
     arch = kv.get("general.architecture")
     if arch is None or arch.value != "dflash" or "tokenizer.ggml.model" in kv:

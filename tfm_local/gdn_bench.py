@@ -76,10 +76,7 @@ def tree_from_parents(parents: np.ndarray) -> Tree:
     idx = np.arange(len(par)) if par.ndim == 1 else np.zeros(0, np.int64)
     if par.ndim != 1 or len(par) == 0 or par[0] != -1 or np.any(par[1:] < 0) or np.any(par[1:] >= idx[1:]):
         raise ValueError("not a tree in topological order (need parents[0] = -1 and 0 <= parents[i] < i)")
-    depth = np.zeros(len(par), np.int32)
-    for i in range(1, len(par)):
-        depth[i] = depth[par[i]] + 1
-    return Tree(par.astype(np.int32), idx.astype(np.int32), depth, np.zeros(len(par)))
+    return Tree.from_lists(0, [(int(p), i, 0.0) for i, p in enumerate(par[1:], 1)])
 
 
 def load_trees(path: str, count: int) -> list[tuple[int, str | None, Tree]]:

@@ -56,30 +56,30 @@ def gpu_available() -> bool:
     return bool(lc.llama_supports_gpu_offload())
 
 
-def gguf_architecture(path: str | os.PathLike) -> str | None:
-    """``general.architecture`` of a GGUF file, read with ``tfm_convert.gguf_meta``; None when the file
-    does not parse or has none (for error messages: llama.cpp is the judge of what loads)."""
+def gguf_kv(path: str | os.PathLike) -> dict | None:
+    """The metadata key/values of a GGUF file (``tfm_convert.gguf_meta``: key -> entry with ``.value``);
+    None when the file does not parse (llama.cpp is the judge of what loads)."""
     from tfm_convert.errors import ConvertError
     from tfm_convert.gguf_meta import read_gguf_meta
 
     try:
-        arch = read_gguf_meta(path).kv.get("general.architecture")
+        return read_gguf_meta(path).kv
     except ConvertError:
         return None
+
+
+def gguf_architecture(path: str | os.PathLike) -> str | None:
+    """``general.architecture`` of a GGUF file; None when the file does not parse or has none (``gguf_kv``)."""
+    arch = (gguf_kv(path) or {}).get("general.architecture")
     return None if arch is None else arch.value
 
 
 def _load_hint(path: Path) -> str:
     """Why llama.cpp may have refused ``path``, read from its GGUF metadata: a file without vocabulary;
     '' otherwise."""
-    from tfm_convert.errors import ConvertError
-    from tfm_convert.gguf_meta import read_gguf_meta
-
-    try:
-        kv = read_gguf_meta(path).kv
-    except ConvertError:
-        return ""
-    return "" if "tokenizer.ggml.model" in kv else ": it has no vocabulary (no tokenizer.ggml.model in its metadata)"
+    kv = gguf_kv(path)
+    return "" if kv is None or "tokenizer.ggml.model" in kv else \
+        ": it has no vocabulary (no tokenizer.ggml.model in its metadata)"
 
 
 class Model:
