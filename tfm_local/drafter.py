@@ -21,6 +21,13 @@ of a generation: its scheduler reserve falls on the prefill) or the first
 ``marginals`` copies the full logits instead: it detaches the sampler, and the
 next ``top_k`` re-attaches it (a scheduler reserve each time). While attached,
 a raw decode of a token block on ``ctx`` does not fill ``ctx.logits``.
+
+Graph reuse: each step decodes an injection batch (no outputs) and the block pass (all
+outputs) on ``ctx``. llama.cpp reuses a kept graph only if it was the last one its scheduler
+allocated, so with one scheduler neither graph is ever reused; the drafter therefore turns on
+patch 0015's second scheduler for the graphs without outputs (``native.keep_graphs``): the
+block pass's graph is then reused every step, the injection's whenever its row count repeats.
+``TFM_DRAFTER_KEEP_GRAPHS=0`` leaves it off (for A/B timing).
 """
 from __future__ import annotations
 
@@ -83,6 +90,8 @@ class DFlashDrafter:
         self.ctx = Context(self.model, n_ctx=target.n_ctx, n_batch=n_ub, n_ubatch=n_ub, kv_type=kv_type,
                            n_threads=n_threads, ctx_other=target.ctx)
         lc.llama_set_causal_attn(self.ctx.ptr, False)
+        self.keep_graphs = (os.environ.get("TFM_DRAFTER_KEEP_GRAPHS", "1") != "0"
+                            and native.keep_graphs(self.ctx.ptr, True))
         target.set_features(self.layers)
         self.n_injected = 0
         self._pending: list[np.ndarray] = []  # deferred feature rows, from position n_injected on

@@ -15,7 +15,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 9
+API_VERSION = 10
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -30,6 +30,7 @@ bool tfm_tree_set(void * ctx, const int32_t * parents, uint32_t n_nodes);
 bool tfm_tree_commit(void * ctx, const int32_t * keep, uint32_t n_keep);
 int32_t tfm_topk_attach(void * ctx, int32_t k, int32_t n_rows);
 int32_t tfm_topk_get(void * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids, float * logp);
+bool tfm_context_keep_graphs(void * ctx, bool on);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
                     float * out, int64_t out_n);
@@ -212,6 +213,26 @@ class TopKAttachment:
         if self.k:
             topk_attach(self.ctx.ptr, 0)
             self.k, self.n_rows = 0, 0
+
+
+def keep_graphs(ctx, on: bool = True) -> bool:
+    """Give the graphs of ``ctx``'s batches without outputs a scheduler of their own (``on``), or drop it.
+
+    Patch 0015: llama.cpp reuses a kept graph only if its scheduler allocated nothing since, so a
+    context that alternates batches without outputs and batches with outputs (the drafter's KV
+    injection and block pass) rebuilds both graphs every step; with the switch on each kind keeps
+    its own allocation and is reused while its shape holds (``graphs_reused`` counts), at the cost
+    of a second compute buffer. Returns whether the switch is now as asked (False: no backends).
+    """
+    ffi, h = lib()
+    return bool(h.tfm_context_keep_graphs(ffi.cast("void *", _ptr(ctx)), bool(on)))
+
+
+def graphs_reused(ctx) -> int:
+    """How many decodes (ubatches) of ``ctx`` reused a kept graph (llama.cpp's ``n_reused`` perf counter)."""
+    import llama_cpp as lc
+
+    return int(lc.llama_perf_context(ctx).n_reused)
 
 
 def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,11 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 9;
+    return 10;
+}
+
+bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
+    return ctx != nullptr && ctx->set_keep_graphs(on) && ctx->get_keep_graphs() == on;
 }
 
 void tfm_set_layer_inp(llama_context * ctx, uint32_t il, bool value) {

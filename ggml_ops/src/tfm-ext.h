@@ -88,6 +88,16 @@ LLAMA_API int32_t tfm_topk_attach(struct llama_context * ctx, int32_t k, int32_t
 LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n, int32_t k,
                                int32_t * ids, float * logp);
 
+// Graph reuse for a context that alternates batches without outputs and batches with outputs
+// (API version 10; patch 0015; meant for the DFlash drafter: KV injection, then the block pass).
+// llama.cpp keeps the last graph of each kind but reuses one only if it is the last graph its
+// scheduler allocated, so such a context rebuilds and re-allocates both graphs at every step.
+// on = true gives the graphs without outputs a second scheduler of their own (a second compute
+// buffer, grown to the largest such batch), so both graphs stay allocated and are reused while
+// their shape holds; on = false frees it. Returns whether the switch is now on as asked (false:
+// the context has no backends). Counted reuses: llama_perf_context(ctx).n_reused.
+LLAMA_API bool tfm_context_keep_graphs(struct llama_context * ctx, bool on);
+
 // Test entry point of the tree ops of patch 0005 (and of the plain ops they extend): builds a
 // one-op ggml graph on a backend, runs it on host buffers and copies the result back.
 //   op     : one of TFM_OP_* below
