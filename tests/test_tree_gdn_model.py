@@ -177,6 +177,37 @@ def test_commit_needs_a_root_first_path(hybrid):
     t.close()
 
 
+def test_a_wrong_commit_path_leaves_the_tree_committable(hybrid, ref_target):
+    """Target.commit_tree refuses a path that is not root-to-node before the native commit (which
+    would drop the tree and leave the context unable to decode); the right path then commits."""
+    t = Target(hybrid, n_ctx=256, n_batch=64)
+    prompt = t.tok.encode(PROMPTS[0])
+    t.prefill(prompt)
+    parents = np.array([-1, 0, 1, 0], np.int32)
+    tokens = np.array([4, 5, 6, 7], np.int32)
+    t.verify_tree(tokens, depths(parents), parents)
+    for bad in ([1, 2], [0, 3, 2], [0, 2], [0, 9]):
+        with pytest.raises(ValueError):
+            t.commit_tree(bad)
+    t.commit_tree([0, 1])
+    probe = [9, 10]
+    got = np.array(t.verify(probe))
+    ref = plain_logits(ref_target, prompt + [4, 5], probe)
+    assert close(got[0], ref[0]) and close(got[1], ref[1])
+    t.close()
+
+
+def test_verify_tree_refuses_bad_parents_or_depths(hybrid):
+    t = Target(hybrid, n_ctx=256, n_batch=64)
+    t.prefill(t.tok.encode(PROMPTS[0]))
+    tokens = np.array([4, 5, 6], np.int32)
+    for parents, depth in (([-1, 2, 0], [0, 1, 1]), ([-1, 0, -2], [0, 1, 0]), ([-1, 0, 1], [0, 1, 1]),
+                           ([-1, 0], [0, 1])):
+        with pytest.raises(ValueError):
+            t.verify_tree(tokens, np.array(depth), np.array(parents, np.int32))
+    t.close()
+
+
 @pytest.fixture(scope="module")
 def hybrid_engines(hybrid, tmp_path_factory):
     from tfm_convert.pipeline import init_random

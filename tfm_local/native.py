@@ -145,7 +145,8 @@ def batch_embd(batch, rows: np.ndarray, pos0: int) -> int:
 def tree_set(ctx, parents) -> None:
     """Declare the next decode of ``ctx`` a draft tree; ``parents`` int ``[N]`` (-1 = root), or None to clear.
 
-    Raises NativeError when the context has no attention KV cache (e.g. a recurrent model).
+    Raises NativeError when the context has no attention KV cache (e.g. a recurrent model), its recurrent
+    state has no tree mode, or ``parents`` is not in topological order (``-1 <= parents[i] < i``).
     """
     ffi, h = lib()
     if parents is None:
@@ -154,7 +155,8 @@ def tree_set(ctx, parents) -> None:
         arr = np.ascontiguousarray(parents, dtype=np.int32)
         ok = h.tfm_tree_set(ffi.cast("void *", _ptr(ctx)), ffi.from_buffer("int32_t[]", arr), arr.shape[0])
     if not ok:
-        raise NativeError("tree mode needs an attention KV cache")
+        raise NativeError("tree mode refused: it needs an attention KV cache (and, on a hybrid, a recurrent "
+                          "state with tree mode) and parents in topological order (-1 <= parents[i] < i)")
 
 
 def tree_commit(ctx, keep) -> None:
@@ -165,7 +167,7 @@ def tree_commit(ctx, keep) -> None:
     ffi, h = lib()
     arr = np.ascontiguousarray(keep, dtype=np.int32)
     if not h.tfm_tree_commit(ffi.cast("void *", _ptr(ctx)), ffi.from_buffer("int32_t[]", arr), arr.shape[0]):
-        raise NativeError(f"tree commit failed for nodes {list(arr)}")
+        raise NativeError(f"tree commit failed for nodes {arr.tolist()} (in tree_set's order)")
 
 
 def topk_attach(ctx, k: int, n_rows: int = 1) -> bool:

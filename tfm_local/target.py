@@ -40,6 +40,29 @@ class ContextOverflowError(ValueError):
     """The prompt (plus at least one new token) does not fit in the context."""
 
 
+def _check_tree(parents, depth, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``parents`` and ``depth`` of an ``n``-node draft tree as int64 arrays; ValueError unless the parents
+    are in topological order (``-1 <= parents[i] < i``) and every depth is its parent's + 1 (roots 0)."""
+    par, dep = np.asarray(parents), np.asarray(depth)
+    if par.shape != (n,) or dep.shape != (n,) or n == 0:
+        raise ValueError(f"a tree needs parents and depth of shape ({n},) for its {n} tokens, "
+                         f"got {par.shape} and {dep.shape}")
+    if not (np.issubdtype(par.dtype, np.integer) and np.issubdtype(dep.dtype, np.integer)):
+        raise ValueError(f"tree parents and depth must be integers, got {par.dtype} and {dep.dtype}")
+    par, dep = par.astype(np.int64), dep.astype(np.int64)
+    bad = np.flatnonzero((par < -1) | (par >= np.arange(n)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"tree parents must be in topological order (-1 <= parents[i] < i): "
+                         f"parents[{i}] = {int(par[i])}")
+    want = np.where(par < 0, 0, dep[np.maximum(par, 0)] + 1)
+    bad = np.flatnonzero(dep != want)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"tree depth[{i}] = {int(dep[i])}, expected {int(want[i])} (its parent's + 1, roots 0)")
+    return par, dep
+
+
 class NodeRows:
     """The logits of a tree batch in node order, without copying them: ``x[i]`` is node i's row
     ``[n_vocab]`` float32 (a view, valid until the next decode); ``np.asarray(x)`` gathers all
@@ -234,6 +257,7 @@ class Target:
     def _decode_tree(self, tokens, depth, parents) -> None:
         """The tree batch of ``verify_tree`` (sets ``_tree_row``: node -> batch row)."""
         n = len(tokens)
+        parents, depth = _check_tree(parents, depth, n)
         if self.n_past + int(depth.max()) + 1 > self.n_ctx:
             raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
         if n > self.n_batch:
@@ -250,6 +274,7 @@ class Target:
             native.tree_set(self.ctx.ptr, None)
             raise
         self._tree_row = row
+        self._tree_parents = parents
 
     # -- backend argmax (greedy verification without logits on the host) ------------------
     @property
@@ -296,8 +321,21 @@ class Target:
         return self._tree_row[np.asarray(nodes, dtype=np.int64)]
 
     def commit_tree(self, path: list[int]) -> None:
-        """Keep the tree nodes of ``path`` (root first) and free the other nodes' KV cells."""
-        native.tree_commit(self.ctx.ptr, self.tree_rows(path))
+        """Keep the tree nodes of ``path`` (root first) and free the other nodes' KV cells.
+
+        Raises ValueError, before anything is committed, unless ``path`` is a root-to-node path of the
+        last tree (root first, each node the child of the one before; empty = nothing accepted): the
+        native commit would drop the tree on such a path and leave a hybrid's context unusable.
+        """
+        par = getattr(self, "_tree_parents", None)
+        nodes = [int(x) for x in path]
+        if par is None:
+            raise ValueError("no tree to commit: call verify_tree first")
+        for m, a in enumerate(nodes):
+            if not 0 <= a < len(par) or par[a] != (nodes[m - 1] if m else -1):
+                raise ValueError(f"commit path {nodes} is not a root-to-node path of the last tree "
+                                 f"(node {a} at position {m})")
+        native.tree_commit(self.ctx.ptr, self.tree_rows(nodes))
         self.n_past += len(path)
 
     def commit(self, n_keep: int, n_verified: int | None = None) -> None:

@@ -28,6 +28,7 @@ from .. import gdn_bench, native
 from ..train.atomic import sha256_file
 from .common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
 
+D_CONV_MAX = 16  # GGML_SSM_CONV_TREE_MAX_D_CONV (patch 0005): a larger kernel aborts in ggml_ssm_conv_tree
 BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
 METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream ggml_gated_delta_net / "
           "ggml_ssm_conv, leaves grouped by path length, one call per group (n_seqs = leaves in the group, "
@@ -62,8 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.repeat > native.BENCH_MAX_REPEAT:
         ap.error(f"--repeat must be at most {native.BENCH_MAX_REPEAT}, got {a.repeat}")
-    if a.d_conv < 2:
-        ap.error(f"--d-conv must be at least 2 (llama.cpp's short conv), got {a.d_conv}")
+    if not 2 <= a.d_conv <= D_CONV_MAX:
+        ap.error(f"--d-conv must be in 2..{D_CONV_MAX} (llama.cpp's short conv; the tree conv's "
+                 f"GGML_SSM_CONV_TREE_MAX_D_CONV), got {a.d_conv}")
     if a.heads_v % a.heads_k:
         ap.error(f"--heads-v ({a.heads_v}) must be a multiple of --heads-k ({a.heads_k})")
     return a

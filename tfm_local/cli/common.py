@@ -71,7 +71,7 @@ def add_timing_args(ap: argparse.ArgumentParser, *, iters: int, warmup: int, thr
     ap.add_argument("--warmup", type=nonnegative_int, default=warmup, help=f"untimed iterations (default {warmup})")
     ap.add_argument("--threads", type=positive_int, default=threads,
                     help=f"CPU threads (default {threads or 'all cores'})")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="random seed, >= 0 (default 0)")
     ap.add_argument("--json", metavar="PATH", help="write the results here")
 
 
