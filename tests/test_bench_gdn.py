@@ -45,9 +45,14 @@ def test_bench_op_repeat_computes_the_copies():
     rng = np.random.default_rng(1)
     tree = gdn_bench.ddtree(64, rng)
     srcs = gdn_bench.gdn_srcs(gdn_bench.make_inputs(dims, 64, rng), tree.parents)
-    one = native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=1)
-    many = native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=16)
-    # minima: a busy machine (a CI run beside this one) inflates single calls by up to 10x, never below the work
+    # minima over up to three rounds: a busy machine (a CI run beside this one) inflates single calls by
+    # up to 10x, never below the work; shared copies would keep `many` near `one` in every round
+    one, many = np.full(1, np.inf), np.full(1, np.inf)
+    for _ in range(3):
+        one = np.minimum(one, native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=10, n_repeat=1).min())
+        many = np.minimum(many, native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=16).min())
+        if many[0] > 4 * one[0]:
+            break
     assert np.min(many) > 4 * np.min(one)
     assert 0 < native.op_time(one.min(keepdims=True), many.min(keepdims=True), 16) < np.min(many)
 
