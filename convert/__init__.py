@@ -12,6 +12,8 @@ Modules, one job each:
 - ``quant``       output types (F32/F16/BF16/Q8_0) per tensor
 - ``writer``      the drafter GGUF writer
 - ``random_init`` a randomly initialised drafter for any target
+- ``vocab``       strip / attach a drafter's tokenizer; ``rewrite_gguf`` (copy a GGUF, add tensors)
+- ``draft_vocab`` a reduced draft vocabulary: choosing the ids, writing ``d2t`` + the reduced LM head
 - ``atomic``      files that appear only when complete
 - ``pipeline``    the two conversions as library calls (convert_checkpoint, init_random)
 - ``cli``         ``tfm-convert``

@@ -2,6 +2,9 @@
 
     tfm-convert CHECKPOINT --target TARGET -o OUT.gguf [--outtype f16]
     tfm-convert --init-random --target TARGET -o OUT.gguf [--layers N] [--ffn N] [--seed S] [--hf-out DIR]
+    tfm-convert --reduce DRAFTER.gguf --target TARGET -o OUT.gguf
+                (--corpus DIR... [--draft-vocab-size K] | --ids IDS.npy) [--save-ids IDS.npy]
+    tfm-convert --corpus DIR... --target TARGET --save-ids IDS.npy [--draft-vocab-size K]
 
 TARGET is a GGUF path or a model spec understood by ``tfm_local.models``.
 Errors print ``tfm-convert: error: ...`` and exit with status 2.
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from .errors import ConvertError
 from .quant import OUTTYPES
@@ -33,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r.add_argument("--mask-token", type=int, default=None, help="MASK token id (default: first unused id)")
     r.add_argument("--hf-out", type=Path, help="also write the z-lab layout (config.json + model.safetensors)")
+    v = p.add_argument_group("reduced draft vocabulary (tfm_convert.draft_vocab)")
+    v.add_argument("--reduce", type=Path, metavar="DRAFTER",
+                   help="write DRAFTER (with or without vocabulary) with a reduced draft vocabulary: d2t and "
+                        "the target LM head's rows of the draft ids")
+    v.add_argument("--corpus", type=Path, nargs="+", metavar="DIR",
+                   help="training corpus folders (tfm-corpus-v1): the draft ids are their most frequent "
+                        "response tokens, plus the special tokens")
+    v.add_argument("--draft-vocab-size", type=int, default=32768, metavar="K",
+                   help="draft ids chosen from --corpus (default 32768)")
+    v.add_argument("--ids", type=Path, metavar="IDS.npy", help="the draft ids: an .npy array of target token ids")
+    v.add_argument("--save-ids", type=Path, metavar="IDS.npy", help="also write the draft ids (int32 .npy)")
     return p
 
 
@@ -68,6 +84,8 @@ def run(args: argparse.Namespace) -> str:
     if args.out is not None and not args.out.parent.is_dir():
         raise ConvertError(f"output folder {args.out.parent} does not exist")
     target = resolve_target(args.target)
+    if args.reduce or args.corpus or args.ids or args.save_ids:
+        return run_draft_vocab(args, target)
     if args.init_random:
         if args.checkpoint:
             raise ConvertError("--init-random takes no CHECKPOINT")
@@ -79,6 +97,39 @@ def run(args: argparse.Namespace) -> str:
     if args.out is None:
         raise ConvertError("give the output GGUF with -o OUT.gguf")
     return f"wrote {convert_checkpoint(args.checkpoint, target, args.out, args.outtype)}"
+
+
+def run_draft_vocab(args: argparse.Namespace, target: Path) -> str:
+    """The draft-vocabulary commands (``--reduce`` / ``--save-ids``); returns the summary line."""
+    from .atomic import atomic_output
+    from .draft_vocab import (always_ids, check_draft_ids, choose_draft_ids, coverage, load_draft_ids,
+                              reduce_drafter, token_counts)
+    from .target_info import read_target_info
+
+    if args.init_random or args.checkpoint:
+        raise ConvertError("--reduce/--corpus/--ids/--save-ids take no CHECKPOINT and no --init-random")
+    if (args.corpus is None) == (args.ids is None):
+        raise ConvertError("give the draft ids with exactly one of --corpus DIR... or --ids IDS.npy")
+    if args.reduce is None and args.save_ids is None:
+        raise ConvertError("nothing to write: give --reduce DRAFTER -o OUT.gguf and/or --save-ids IDS.npy")
+    if args.reduce is not None and args.out is None:
+        raise ConvertError("give the output GGUF with -o OUT.gguf")
+    n_vocab = read_target_info(target).n_vocab
+    said = []
+    if args.corpus is not None:
+        counts = token_counts(args.corpus, n_vocab)
+        ids = choose_draft_ids(counts, args.draft_vocab_size, always_ids(target))
+        said.append(f"{ids.size} draft ids covering {coverage(counts, ids):.2%} of the corpus's response tokens")
+    else:
+        ids = check_draft_ids(load_draft_ids(args.ids), n_vocab)
+        said.append(f"{ids.size} draft ids")
+    if args.save_ids is not None:
+        with atomic_output(args.save_ids) as tmp, open(tmp, "wb") as f:
+            np.save(f, ids.astype(np.int32))
+        said.append(f"wrote {args.save_ids}")
+    if args.reduce is not None:
+        said.append(f"wrote {reduce_drafter(args.reduce, target, ids, args.out)}")
+    return "; ".join(said)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -24,6 +25,16 @@ from .target_info import MASK_TOKEN_KEY
 _SKIP = ("GGUF.", "general.architecture")
 
 
+@dataclass(frozen=True)
+class NewTensor:
+    """A tensor to add to a rewritten GGUF: name, ``ne`` dims (GGUF order), GGML type, its raw data."""
+
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: int
+    data: np.ndarray
+
+
 def _is_vocab(key: str) -> bool:
     return key.startswith("tokenizer.") and key != MASK_TOKEN_KEY
 
@@ -31,7 +42,7 @@ def _is_vocab(key: str) -> bool:
 def strip_vocab(drafter: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Copy ``drafter`` to ``out`` without its tokenizer keys. Raises ConvertError on a bad GGUF."""
     meta = read_gguf_meta(drafter)
-    return _rewrite(drafter, meta, [kv for kv in meta.kv.values() if not _is_vocab(kv.key)], out)
+    return rewrite_gguf(drafter, meta, [kv for kv in meta.kv.values() if not _is_vocab(kv.key)], out)
 
 
 def attach_vocab(weights: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -44,14 +55,18 @@ def attach_vocab(weights: str | os.PathLike, target: str | os.PathLike, out: str
     if not vocab:
         raise ConvertError(f"{target} has no tokenizer to attach")
     kvs = [kv for kv in meta.kv.values() if not _is_vocab(kv.key)] + vocab
-    return _rewrite(weights, meta, kvs, out)
+    return rewrite_gguf(weights, meta, kvs, out)
 
 
-def _rewrite(src: str | os.PathLike, meta: GGUFMeta, kvs: list[GGUFKeyValue], out) -> Path:
+def rewrite_gguf(src: str | os.PathLike, meta: GGUFMeta, kvs: list[GGUFKeyValue], out,
+                 drop: frozenset[str] = frozenset(), extra: tuple[NewTensor, ...] = ()) -> Path:
+    """Write ``out`` (atomically): the keys ``kvs``, the tensors of ``src`` (``meta``'s table) byte for
+    byte except those named in ``drop``, then the tensors ``extra``."""
     arch = meta.kv.get("general.architecture")
     if arch is None:
         raise ConvertError(f"{src} has no general.architecture")
     out = Path(out)
+    kept = [t for t in meta.tensors if t.name not in drop]
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
             atomic_output(out) as tmp:
         w = gguf.GGUFWriter(str(tmp), str(arch.value if isinstance(arch.value, str) else arch.value.decode()))
@@ -59,15 +74,18 @@ def _rewrite(src: str | os.PathLike, meta: GGUFMeta, kvs: list[GGUFKeyValue], ou
             for kv in kvs:
                 if not kv.key.startswith(_SKIP):
                     w.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
-            for t in meta.tensors:
-                qt = gguf.GGMLQuantizationType(t.ggml_type)
-                shape = tuple(reversed(t.ne))
-                w.add_tensor_info(t.name, shape, np.dtype(np.float32), t.nbytes, raw_dtype=qt)
+            infos = [(t.name, t.ne, t.ggml_type, t.nbytes) for t in kept]
+            infos += [(t.name, t.ne, t.ggml_type, t.data.nbytes) for t in extra]
+            for name, ne, ggml_type, nbytes in infos:
+                w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), nbytes,
+                                  raw_dtype=gguf.GGMLQuantizationType(ggml_type))
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
-            for t in meta.tensors:
+            for t in kept:
                 w.write_tensor_data(np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=t.begin))
+            for t in extra:
+                w.write_tensor_data(t.data)
         finally:
             w.close()
     return out

@@ -222,7 +222,7 @@ def test_read_drafter_gguf_refuses_bad_tensors_clearly(tmp_path, hf_ckpt, target
 
     from tfm_convert.gguf_meta import read_gguf_meta
     from tfm_convert.read_drafter import read_drafter_gguf
-    from tfm_convert.vocab import _rewrite
+    from tfm_convert.vocab import rewrite_gguf
 
     src = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", "f32")
     meta = read_gguf_meta(src)
@@ -230,7 +230,7 @@ def test_read_drafter_gguf_refuses_bad_tensors_clearly(tmp_path, hf_ckpt, target
     by_name = {t.name: t for t in meta.tensors}
 
     def variant(name, tensors):
-        return _rewrite(src, replace(meta, tensors=tensors), kvs, tmp_path / name)
+        return rewrite_gguf(src, replace(meta, tensors=tensors), kvs, tmp_path / name)
 
     fc = by_name["fc.weight"]
     q8k = replace(fc, ggml_type=int(gguf.GGMLQuantizationType.Q8_K),

@@ -8,6 +8,13 @@
 2. otherwise a randomly initialised DFlash drafter built once for the target
    (``tfm_convert`` ``--init-random``): speculation runs end to end but
    accepts little.
+
+Draft vocabulary (``apply_draft_vocab``): a drafter file may come with the ids of its reduced
+draft vocabulary next to it, ``<stem>.draft-vocab.npy`` (the shipped asset does: the 32768 most
+frequent response tokens of the default target, docs/training.md). Its LM head over those rows
+only is then built from the target's once, into the cache (``tfm_convert.draft_vocab``), named
+after the drafter's, the ids' and the target's identities. ``draft_vocab="full"`` (``--draft-vocab
+full``) or ``TFM_DRAFT_VOCAB=0`` keeps the full vocabulary; a path to an ``.npy`` of ids uses those.
 """
 from __future__ import annotations
 
@@ -38,8 +45,9 @@ def _file_key(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def shipped_drafter_for(target: Path) -> Path | None:
-    """The shipped trained drafter of ``target`` with the target's vocabulary attached, or None.
+def shipped_drafter_for(target: Path, draft_vocab: str | os.PathLike = "auto") -> Path | None:
+    """The shipped trained drafter of ``target`` with the target's vocabulary attached (and its draft
+    vocabulary, see ``apply_draft_vocab``), or None.
 
     The cached file is named after the asset's content (``_file_key``, read on every call: a few ms
     where a full sha256 took ~0.1 s), so a newer asset shipped under the same name is attached afresh
@@ -49,7 +57,8 @@ def shipped_drafter_for(target: Path) -> Path | None:
     if name is None:
         return None
     digest = _file_key(ASSETS / name)[:12]
-    return _attached_once(ASSETS / name, target, name.replace(".novocab.gguf", f"-{digest}.gguf"))
+    attached = _attached_once(ASSETS / name, target, name.replace(".novocab.gguf", f"-{digest}.gguf"))
+    return apply_draft_vocab(ASSETS / name, attached, target, draft_vocab)
 
 
 def _attached_once(weights: Path, target: Path, name: str) -> Path:
@@ -94,13 +103,66 @@ def with_vocab(drafter: Path, target: Path) -> Path:
     return _attached_once(drafter, target, f"{stem}-{_file_key(drafter)[:12]}-for-{_file_key(target)[:8]}.gguf")
 
 
-def resolve_drafter(spec: str | os.PathLike, target: Path) -> Path:
+DRAFT_VOCAB_SUFFIX = ".draft-vocab.npy"
+
+
+def draft_vocab_file(drafter: Path) -> Path | None:
+    """The draft vocabulary shipped next to ``drafter``: ``<stem>.draft-vocab.npy`` (stem without
+    ``.gguf`` and ``.novocab``), or None when there is none."""
+    stem = drafter.name.removesuffix(".gguf").removesuffix(".novocab")
+    ids = drafter.with_name(stem + DRAFT_VOCAB_SUFFIX)
+    return ids if ids.is_file() else None
+
+
+def check_draft_vocab_mode(mode: str | os.PathLike) -> None:
+    """Raise ValueError unless ``mode`` is "auto", "full" or an existing ``.npy`` file."""
+    if str(mode) not in ("auto", "full") and not (str(mode).endswith(".npy") and Path(mode).is_file()):
+        raise ValueError(f"draft vocabulary must be 'auto', 'full' or an existing .npy file of token ids, "
+                         f"got {str(mode)!r}")
+
+
+def apply_draft_vocab(source: Path, drafter: Path, target: Path, mode: str | os.PathLike = "auto") -> Path:
+    """``drafter`` (the loadable form of ``source``) with a reduced draft vocabulary, or unchanged.
+
+    ``mode``: "auto" uses the ids shipped next to ``source`` (``draft_vocab_file``) when there are
+    some and ``$TFM_DRAFT_VOCAB`` is not "0" (a drafter that already has a draft vocabulary is then
+    used as it is); "full" none; a path to an ``.npy`` file those ids. The reduced copy is written
+    once into the cache (``tfm_convert.draft_vocab.reduce_drafter``).
+    Raises ValueError for a bad mode, ``tfm_convert.ConvertError`` for bad ids.
+    """
+    check_draft_vocab_mode(mode)
+    if str(mode) == "full" or (str(mode) == "auto" and os.environ.get("TFM_DRAFT_VOCAB", "1") == "0"):
+        return drafter
+    ids = draft_vocab_file(source) if str(mode) == "auto" else Path(mode)
+    if ids is None:
+        return drafter
+    from tfm_convert.draft_vocab import draft_vocab_size, load_draft_ids, reduce_drafter
+
+    ids_key = hashlib.sha256(ids.read_bytes()).hexdigest()[:12]
+    stem = drafter.name.removesuffix(".gguf")
+    out = cache_dir() / "drafters" / f"{stem}-{_file_key(drafter)[:8]}-dv{ids_key}-for-{_file_key(target)[:8]}.gguf"
+    if out.exists():
+        return out
+    if str(mode) == "auto" and draft_vocab_size(drafter) is not None:
+        return drafter
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return reduce_drafter(drafter, target, load_draft_ids(ids), out)
+
+
+def resolve_drafter(spec: str | os.PathLike, target: Path, draft_vocab: str | os.PathLike = "auto") -> Path:
     """Drafter GGUF path for ``spec`` (path, hub spec, built-in name, "auto" or "random") and ``target``;
-    a vocabulary-less drafter gets the target's tokenizer (``with_vocab``)."""
+    a vocabulary-less drafter gets the target's tokenizer (``with_vocab``), then its draft vocabulary
+    (``apply_draft_vocab`` with mode ``draft_vocab``)."""
+    check_draft_vocab_mode(draft_vocab)
     if str(spec) == "auto":
-        return shipped_drafter_for(Path(target)) or random_drafter_for(Path(target))
+        shipped = shipped_drafter_for(Path(target), draft_vocab)
+        if shipped is not None:
+            return shipped
+        spec = "random"
     if str(spec) == "random":
-        return random_drafter_for(Path(target))
+        source = random_drafter_for(Path(target))
+        return apply_draft_vocab(source, source, Path(target), draft_vocab)
     from .models import resolve_model
 
-    return with_vocab(Path(resolve_model(spec)), Path(target))
+    source = Path(resolve_model(spec))
+    return apply_draft_vocab(source, with_vocab(source, Path(target)), Path(target), draft_vocab)

@@ -72,6 +72,9 @@ class Engine:
         greedy_argmax: at temperature 0, "backend" reads each verified row's argmax computed on
             the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
             chooses (ARGMAX_MODES). Plain and speculative decoding use the same rule.
+        draft_vocab: the drafter's draft vocabulary (``drafters.apply_draft_vocab``): "auto" (default;
+            the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``), "full" (none), or an
+            ``.npy`` file of target token ids.
     Raises:
         ModelNotFoundError / FileNotFoundError: a model cannot be found.
         DrafterMismatchError: the drafter does not fit the target.
@@ -80,19 +83,21 @@ class Engine:
     def __init__(self, target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
                  n_ctx: int = 4096, budget: int | str | None = "auto", kv_type: str = "f16",
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
-                 tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto"):
-        from .drafters import resolve_drafter
+                 tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto",
+                 draft_vocab: str | os.PathLike = "auto"):
+        from .drafters import check_draft_vocab_mode, resolve_drafter
         from .llm import gpu_available
         from .models import DEFAULT_TARGET, resolve_model
 
         backend_argmax_wanted(greedy_argmax, False)  # a bad mode fails before any model is loaded
+        check_draft_vocab_mode(draft_vocab)
         target_path = resolve_model(target or DEFAULT_TARGET)
         self.target = Target(target_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers)
         self.backend_argmax = backend_argmax_wanted(greedy_argmax, gpu_available() and n_gpu_layers != 0)
         self.drafter: DFlashDrafter | None = None
         if drafter is not None and budget != 0:
-            dpath = resolve_drafter(drafter, target_path)
+            dpath = resolve_drafter(drafter, target_path, draft_vocab)
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)
         if tree not in ("chain", *BUILDERS):

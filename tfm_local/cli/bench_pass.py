@@ -36,6 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
     ap.add_argument("--drafter", default=None, help="also time this DFlash drafter's passes (inject, block "
                     "top-k, block logits, a step; tfm_local/draft_bench.py): a path or 'auto' (the default drafter)")
+    ap.add_argument("--draft-vocab", default="auto", metavar="auto|full|IDS.npy",
+                    help="the drafter's draft vocabulary, as tfm-chat's --draft-vocab (default auto)")
     a = ap.parse_args(argv)
     a.variants = [v for v in a.variants.split(",") if v]
     bad = set(a.variants) - set(pb.VARIANTS)
@@ -90,7 +92,7 @@ def resolve_drafter_arg(a, target_path):
     from ..models import ModelError
 
     try:
-        return resolve_drafter(a.drafter, target_path)
+        return resolve_drafter(a.drafter, target_path, a.draft_vocab)
     except (ModelError, OSError, ValueError) as e:
         fail(f"drafter: {e}")
 

@@ -120,6 +120,10 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
                     "'auto' = the default drafter of the target")
     ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
+    ap.add_argument("--draft-vocab", default="auto", metavar="auto|full|IDS.npy",
+                    help="the drafter's draft vocabulary: 'auto' (default: the reduced vocabulary shipped with "
+                         "the drafter, if any; $TFM_DRAFT_VOCAB=0 turns it off), 'full' (the whole target "
+                         "vocabulary), or an .npy file of target token ids")
     ap.add_argument("--budget", type=budget_arg, default="auto",
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
                          "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
@@ -161,6 +165,7 @@ def engine_from_args(args: argparse.Namespace):
                       n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
                       drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
                       n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
-                      greedy_argmax=getattr(args, "greedy_argmax", "auto"))
+                      greedy_argmax=getattr(args, "greedy_argmax", "auto"),
+                      draft_vocab=getattr(args, "draft_vocab", "auto"))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))
