@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--corpus", type=Path, nargs="+", metavar="DIR",
                    help="training corpus folders (tfm-corpus-v1): the draft ids are their most frequent "
                         "response tokens, plus the special tokens")
-    v.add_argument("--draft-vocab-size", type=int, default=32768, metavar="K",
-                   help="draft ids chosen from --corpus (default 32768)")
+    v.add_argument("--draft-vocab-size", type=int, default=65536, metavar="K",
+                   help="draft ids chosen from --corpus (default 65536)")
     v.add_argument("--ids", type=Path, metavar="IDS.npy", help="the draft ids: an .npy array of target token ids")
     v.add_argument("--save-ids", type=Path, metavar="IDS.npy", help="also write the draft ids (int32 .npy)")
     return p

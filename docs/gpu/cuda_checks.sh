@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done, cheapest-first so that a short
-# hold still brings the decisive numbers: tfm-bench plain / chain / DDTree@8/16/32, the tree-GDN op at 128
+# hold still brings the decisive numbers: tfm-bench plain / chain / DDTree@8/16/32 (reduced and full draft vocabulary), the tree-GDN op at 128
 # nodes on the synthetic tree and on five real DDTree@128 trees, upstream's DFlash chain (if
 # upstream_build.sh finished), then the CUDA tests and compute-sanitizer runs.
 # llama.cpp runs with THREADS (default 4) host threads: with every core in its pool, a fit on the other
@@ -21,8 +21,12 @@ cd ~/repo
 export CUDA_VISIBLE_DEVICES=${GPU:-1}
 O=${ST:-~/st}/cuda; mkdir -p $O
 T=~/w/model.gguf
-python3 -m tfm_local.cli.bench --target $T --drafter auto --threads ${THREADS:-4} \
-  --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench.json > $O/bench.txt 2>&1
+# the shipped drafter with its reduced draft vocabulary (the default), then with the full one (A/B)
+for v in auto full; do
+  python3 -m tfm_local.cli.bench --target $T --drafter auto --draft-vocab $v --threads ${THREADS:-4} \
+    --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench-vocab-$v.json \
+    > $O/bench-vocab-$v.txt 2>&1
+done
 touch ${ST:-~/st}/ab.done
 # which decode calls keep their graph and their CUDA graph, per context and call kind (the tenth session's
 # CPU trace: the target reuses its verify graph, the drafter, alternating injection and block, never does)
@@ -39,12 +43,12 @@ $G --trees docs/trees-ddtree128.npz --tree-count 5 --json $O/gdn-real.json > $O/
 touch ${ST:-~/st}/gdn.done
 # upstream's chain with the same (vocabulary-attached) drafter
 for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
-D=$(ls -t ~/.cache/tfm-local/drafters/*.gguf | head -1)
+D=$(python3 -c "from pathlib import Path; from tfm_local.drafters import shipped_drafter_for; print(shipped_drafter_for(Path('$T')))")
 [ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.cli.bench_upstream --binary ~/up/b/bin/llama-speculative-simple \
   --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
 touch ${ST:-~/st}/timing.done
 TESTS="tests/test_tree_gdn_ops.py tests/test_top_k_op.py tests/test_greedy_argmax.py tests/test_drafter_topk.py
-  tests/test_tree_verify.py tests/test_tree_gdn_model.py"
+  tests/test_tree_verify.py tests/test_tree_gdn_model.py tests/test_draft_vocab.py tests/test_drafter_graphs.py"
 python3 -m pytest -q -p no:cacheprovider -ra $TESTS > $O/tests.log 2>&1
 for w in 4 16; do
   TFM_CUDA_GDN_SOLVE_WARPS=$w python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py \
