@@ -12,9 +12,10 @@
 Draft vocabulary (``apply_draft_vocab``): a drafter file may come with the ids of its reduced
 draft vocabulary next to it, ``<stem>.draft-vocab.npy`` (the shipped asset does: 65536 ids, every
 response token of the default target's greedy corpus, then the lowest unseen ids; docs/training.md).
-Its LM head over those rows only is then built from the target's once, into the cache (``tfm_convert.draft_vocab``), named
-after the drafter's, the ids' and the target's identities. ``draft_vocab="full"`` (``--draft-vocab
-full``) or ``TFM_DRAFT_VOCAB=0`` keeps the full vocabulary; a path to an ``.npy`` of ids uses those.
+Its LM head over those rows only is then built from the target's once, into the cache
+(``tfm_convert.draft_vocab``), named after the drafter's, the ids' and the target's identities.
+``draft_vocab="full"`` (``--draft-vocab full``) or ``TFM_DRAFT_VOCAB=0`` keeps the full vocabulary;
+a path to an ``.npy`` of ids uses those.
 """
 from __future__ import annotations
 
