@@ -564,6 +564,37 @@ def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch
             drafter_config(target, 1, 32), progress=False)
 
 
+def test_fit_emphasis_repeats_named_training_sequences_never_held_out_ones(smoke, tmp_path, monkeypatch):
+    """--emphasis naming every prompt with --emphasis-times 3: each training sequence is planned three
+    times per epoch, the held-out ones still never; the log's first line counts them; resuming without
+    the emphasis is refused (the plan would differ)."""
+    from tfm_local.train import fit as fit_mod
+    from tfm_local.train.corpus import read_manifest
+    from tfm_local.train.emphasis import save_emphasis
+    from tfm_local.train.fit import drafter_config, fit, prompt_order
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    seqs = _sequences_of(corpus)
+    path = save_emphasis(tmp_path / "e.npz", np.array([s.prompt_index for s in seqs]),
+                         prompt_order(read_manifest(corpus)), "all")
+    opts = FitOptions(**{**_opts(4).__dict__, "holdout": 3, "eval_every": 4, "emphasis": str(path),
+                         "emphasis_times": 3})
+    held = {tuple(s.ids) for s in seqs[-3:]}
+    planned = []
+    real = fit_mod.plan_batches
+    monkeypatch.setattr(fit_mod, "plan_batches", lambda lengths, *a: planned.append(len(lengths)) or real(lengths, *a))
+    seen, real_batch = [], fit_mod.make_batch
+    monkeypatch.setattr(fit_mod, "make_batch", lambda b, *a: seen.extend(tuple(s.ids) for s in b) or real_batch(b, *a))
+    fit(corpus, target, tmp_path / "e", opts, drafter_config(target, 1, 32), progress=False)
+    first = json.loads((tmp_path / "e" / "log.jsonl").read_text().splitlines()[0])
+    n_train = first["sequences"] // 3
+    assert first["emphasised"] == n_train > 0 and set(planned) == {3 * n_train}
+    assert seen and not held & set(seen)
+    with pytest.raises(TrainError, match="fit options"):
+        fit(corpus, target, tmp_path / "e", FitOptions(**{**opts.__dict__, "emphasis": None, "max_steps": 6}),
+            drafter_config(target, 1, 32), progress=False)
+
+
 def test_fit_on_several_corpora(smoke, tmp_path):
     """--corpus A B trains on both (here the smoke corpus and a copy recorded as another prompt order);
     the same corpus twice is refused (its prompts would count twice); the run is tied to that list:

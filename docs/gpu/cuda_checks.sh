@@ -2,7 +2,7 @@
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done, cheapest-first so that a short
 # hold still brings the decisive numbers: tfm-bench plain / chain / DDTree@8/16/32 (reduced and full draft vocabulary), the tree-GDN op at 128
 # nodes on the synthetic tree and on five real DDTree@128 trees, upstream's DFlash chain (if
-# upstream_build.sh finished), then the CUDA tests and compute-sanitizer runs.
+# upstream_build.sh finished), then the CUDA tests and compute-sanitizer runs (QUICK=1: no traces, no GDN).
 # llama.cpp runs with THREADS (default 4) host threads: with every core in its pool, a fit on the other
 # GPU (which keeps host cores busy) slowed plain decoding from ~550 to ~220 tokens/s in the ninth session.
 # Outputs in ${ST:-~/st}/cuda/; ${ST:-~/st}/cuda.done at the end (whatever happened).
@@ -28,6 +28,8 @@ for v in auto full; do
     > $O/bench-vocab-$v.txt 2>&1
 done
 touch ${ST:-~/st}/ab.done
+# QUICK=1: no graph traces and no tree-GDN timings (measured in earlier sessions): GPU 1 is free sooner
+if [ -z "${QUICK:-}" ]; then
 # which decode calls keep their graph and their CUDA graph, per context and call kind (the tenth session's
 # CPU trace: the target reuses its verify graph, the drafter, alternating injection and block, never does)
 for m in chain ddtree; do
@@ -41,6 +43,7 @@ G="python3 -m tfm_local.cli.bench_gdn --device gpu --iters 30 --repeat 8 --round
 $G --nodes 128 --json $O/gdn.json > $O/gdn.txt 2>&1
 $G --trees docs/trees-ddtree128.npz --tree-count 5 --json $O/gdn-real.json > $O/gdn-real.txt 2>&1
 touch ${ST:-~/st}/gdn.done
+fi
 # upstream's chain with the same (vocabulary-attached) drafter
 for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
 D=$(python3 -c "from pathlib import Path; from tfm_local.drafters import shipped_drafter_for; print(shipped_drafter_for(Path('$T')))")

@@ -3,6 +3,7 @@
 Subcommands (see docs/training.md for the full GPU run):
   prompts         tokenize the ShareGPT prompt selection (for `data --prompts` where llama.cpp is absent)
   data            generate the corpus: the target's own responses, greedy or sampled (resumable, appendable)
+  emphasis        the prompts of a prompt file that ask for writing or role-play (for fit --emphasis)
   fit             train the drafter on the corpus (resumable), then export it
   export          z-lab layout + GGUF (f16, q8_0) from a checkpoint
   check-features  PyTorch vs llama.cpp layer inputs of the target (cosine per layer)
@@ -71,6 +72,24 @@ def cmd_prompts(args) -> None:
     print(f"{args.out}: {kept} prompts kept of {len(ids)} ({len(ids) - kept} over {args.max_prompt_tokens} tokens)")
 
 
+def cmd_emphasis(args) -> None:
+    """``tfm-train emphasis``: the prompts of a prompt file that ask for writing or role-play."""
+    import json
+
+    import numpy as np
+
+    from tfm_local.train.emphasis import WRITING, keyword_ranks, save_emphasis
+    from tfm_local.train.prompts import PromptFile, Selection, select_prompts
+
+    pf = PromptFile.load(args.prompts)
+    texts = select_prompts(Selection(**pf.meta["selection"]))
+    ranks = np.array([r for r, x in enumerate(pf.ids) if x is not None], dtype=np.int64)
+    hit = keyword_ranks(texts, ranks)
+    order = json.dumps([pf.meta["selection"], pf.meta["max_prompt_tokens"]], sort_keys=True)
+    save_emphasis(args.out, hit, order, "writing: " + WRITING.pattern)
+    print(f"{args.out}: {len(hit)} of {len(ranks)} prompts ask for writing or role-play")
+
+
 def _prompt_source(args, target):
     """(prompts, selection dict, max_prompt_tokens) from --prompts FILE or ShareGPT + llama.cpp."""
     from tfm_local.train.generate import FilePrompts, LazyPrompts
@@ -119,7 +138,8 @@ def _fit_options(args):
                       anchors=args.anchors, gamma=args.gamma, max_len=args.max_len, seed=args.seed,
                       save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every,
                       time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget,
-                      holdout=args.holdout, eval_every=args.eval_every, soft_weight=args.soft_weight)
+                      holdout=args.holdout, eval_every=args.eval_every, soft_weight=args.soft_weight,
+                      emphasis=args.emphasis, emphasis_times=args.emphasis_times)
 
 
 def cmd_fit(args) -> None:
@@ -243,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="llama backend: no GPU offload")
     p.set_defaults(func=cmd_data)
 
+    p = sub.add_parser("emphasis", help="the prompts of a prompt file that ask for writing or role-play")
+    p.add_argument("--prompts", required=True, help="prompt file (`tfm-train prompts`) the corpora came from")
+    p.add_argument("--out", required=True, help="output emphasis .npz (for fit --emphasis)")
+    p.set_defaults(func=cmd_emphasis)
+
     p = sub.add_parser("fit", help="train the drafter (resumable), then export")
     p.add_argument("--corpus", required=True, nargs="+", help="corpus folder(s) of the target, trained on together")
     p.add_argument("--target", required=True)
@@ -266,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
                       ("holdout", int), ("eval-every", int), ("soft-weight", _unit_float)):
         key = name.replace("-", "_")
         p.add_argument(f"--{name}", type=typ, default=d[key], help=f"{_FIT_HELP.get(key, '')}(default {d[key]})")
+    p.add_argument("--emphasis", default=None, metavar="FILE",
+                   help="emphasis file (`tfm-train emphasis`): train more often on these prompts' sequences")
+    p.add_argument("--emphasis-times", type=_positive_int, default=1, metavar="K",
+                   help="with --emphasis: each of those sequences K times per epoch (default 1)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
     p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
                    help="end the fit (schedule included) within MIN minutes of wall clock")
@@ -334,6 +363,14 @@ def _nonnegative_int(text: str) -> int:
     v = int(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int ≥ 1."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return v
 
 

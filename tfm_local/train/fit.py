@@ -28,6 +28,7 @@ from .batching import make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
 from .corpus import corpus_id, load_corpus, target_identity
 from .errors import TrainError
+from .emphasis import emphasise
 from .heldout import eval_batches, evaluate, split
 from .model import DFlashDraft
 from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
@@ -115,6 +116,7 @@ class _Run:
         if not keep:
             raise TrainError(f"corpus {corpus} has no sequence with a response of 2+ tokens")
         self.seqs, self.heldout = split([seqs[i] for i in keep], opts.holdout)
+        self.seqs, self.n_emphasised = emphasise(self.seqs, opts.emphasis, opts.emphasis_times)
         if self.heldout and opts.eval_every < 1:
             raise TrainError(f"eval_every must be >= 1 with held-out sequences, got {opts.eval_every}")
         self.cuda = self.device.type == "cuda"
@@ -255,8 +257,9 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
     ema_loss = ema_tau = None
     new_run = run.step == 0  # a new run starts a new log (lines of a discarded or unsaved run are dropped)
     t0, log = time.time(), open(out / "log.jsonl", "w" if new_run else "a", encoding="utf-8")
-    if new_run and run.init_record:
-        log.write(json.dumps({"step": 0, "init_from": run.init_record}) + "\n")
+    if new_run and (run.init_record or run.n_emphasised):
+        log.write(json.dumps({"step": 0, "init_from": run.init_record, "sequences": len(run.seqs),
+                              "emphasised": run.n_emphasised}) + "\n")
         log.flush()
     budget = (TimeBudget(opts.time_budget_s, t0, run.step, run.total, opts.save_every)
               if opts.time_budget_s is not None else None)

@@ -54,6 +54,8 @@ class FitOptions:
             steps and at the end (0 = none).
         soft_weight: α of the distillation term (0 = labels only; the held-out
             loss is always the label cross-entropy, comparable across runs).
+        emphasis: an emphasis file (``emphasis.py``: prompts whose training sequences are repeated)
+            or None. emphasis_times: how many times per epoch those sequences are trained on (1 = none).
     """
 
     epochs: int = 6
@@ -74,6 +76,8 @@ class FitOptions:
     holdout: int = 0
     eval_every: int = 100
     soft_weight: float = 0.0
+    emphasis: str | None = None
+    emphasis_times: int = 1
 
 
 def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:
