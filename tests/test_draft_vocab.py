@@ -18,6 +18,7 @@ from tfm_convert.gguf_meta import dequantize_tensor, read_gguf_meta
 from tfm_convert.vocab import NewTensor, attach_vocab, rewrite_gguf, strip_vocab
 from tfm_local.drafter import DFlashDrafter, top_k_logprobs
 from tfm_local.engine import Engine
+from tfm_local.llm import gpu_available
 from tfm_local.sampling import SamplingParams
 from tfm_local.target import Target
 
@@ -76,8 +77,12 @@ def test_reduced_logits_equal_full_on_kept_ids_and_are_minus_inf_elsewhere(files
     target, reduced = (files["target"], files["reduced"]) if head == "tied-f32" else (files["q8"], files["reduced_q8"])
     ids = files["ids"]
     off = np.setdiff1d(np.arange(320), ids)
+    # on CUDA an f32 head goes through a matrix product whose kernel depends on the row count (320 rows
+    # full, fewer reduced): the H200 gave up to 0.0087 apart on logits of size ~5 (2026-12-01); q8_0 and
+    # the CPU agree to rounding
+    tol = dict(rtol=0, atol=2e-2) if gpu_available() and head == "tied-f32" else dict(rtol=1e-5, atol=1e-4)
     for full, red in run_pair(target, [files["drafter"], reduced]):
-        np.testing.assert_allclose(red[:, ids], full[:, ids], rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(red[:, ids], full[:, ids], **tol)
         assert np.all(red[:, off] == -np.inf) and np.isfinite(red[:, ids]).all()
 
 
@@ -153,6 +158,27 @@ def test_engine_with_a_reduced_drafter_equals_plain_decoding(files, plain, tree)
             sp = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
             ids = plain.prompt_tokens(PROMPTS[0])
             assert list(e.generate_ids(ids, 32, sp)) == list(plain.generate_ids(ids, 32, sp))
+        finally:
+            e.close()
+
+
+def test_auto_draft_vocabulary_is_the_full_one_where_the_drafter_runs_on_a_gpu(files, tmp_path, monkeypatch):
+    """draft_vocab_on: "auto" becomes "full" on a GPU only. Engine: with a GPU reported (gpu_available
+    patched to True: this CPU build has none; the offload request is then ignored by llama.cpp) the
+    shipped ids are not applied, unless the model stays on the CPU (n_gpu_layers=0)."""
+    from tfm_local import llm
+    from tfm_local.drafters import draft_vocab_on
+
+    assert draft_vocab_on("auto", True) == "full" and draft_vocab_on("auto", False) == "auto"
+    assert draft_vocab_on("full", False) == "full" and draft_vocab_on(tmp_path / "x.npy", True) == tmp_path / "x.npy"
+    monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
+    bare = strip_vocab(files["drafter"], tmp_path / "d.novocab.gguf")
+    np.save(tmp_path / "d.draft-vocab.npy", files["ids"].astype(np.int32))
+    monkeypatch.setattr(llm, "gpu_available", lambda: True)
+    for n_gpu_layers, size in ((-1, None), (0, files["ids"].size)):
+        e = Engine(files["target"], bare, n_ctx=256, n_gpu_layers=n_gpu_layers, greedy_argmax="host")
+        try:
+            assert draft_vocab_size(e.drafter.model.path) == size
         finally:
             e.close()
 

@@ -73,8 +73,8 @@ class Engine:
             the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
             chooses (ARGMAX_MODES). Plain and speculative decoding use the same rule.
         draft_vocab: the drafter's draft vocabulary (``drafters.apply_draft_vocab``): "auto" (default;
-            the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``), "full" (none), or an
-            ``.npy`` file of target token ids.
+            the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``; on a GPU the full
+            vocabulary, ``drafters.draft_vocab_on``), "full" (none), or an ``.npy`` file of target token ids.
     Raises:
         ModelNotFoundError / FileNotFoundError: a model cannot be found.
         DrafterMismatchError: the drafter does not fit the target.
@@ -85,7 +85,7 @@ class Engine:
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
                  tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto",
                  draft_vocab: str | os.PathLike = "auto"):
-        from .drafters import check_draft_vocab_mode, resolve_drafter
+        from .drafters import check_draft_vocab_mode, draft_vocab_on, resolve_drafter
         from .llm import gpu_available
         from .models import DEFAULT_TARGET, resolve_model
 
@@ -97,7 +97,8 @@ class Engine:
         self.backend_argmax = backend_argmax_wanted(greedy_argmax, gpu_available() and n_gpu_layers != 0)
         self.drafter: DFlashDrafter | None = None
         if drafter is not None and budget != 0:
-            dpath = resolve_drafter(drafter, target_path, draft_vocab)
+            on_gpu = gpu_available() and n_gpu_layers != 0
+            dpath = resolve_drafter(drafter, target_path, draft_vocab_on(draft_vocab, on_gpu))
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)
         if tree not in ("chain", *BUILDERS):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On one GPU (GPU, default 1) once the CUDA build and the corpus are done, cheapest-first so that a short
-# hold still brings the decisive numbers: tfm-bench plain / chain / DDTree@8/16/32 (reduced and full draft vocabulary), the tree-GDN op at 128
+# hold still brings the decisive numbers: tfm-bench plain / chain / DDTree@8/16/32, the tree-GDN op at 128
 # nodes on the synthetic tree and on five real DDTree@128 trees, upstream's DFlash chain (if
 # upstream_build.sh finished), then the CUDA tests and compute-sanitizer runs (QUICK=1: no traces, no GDN).
 # llama.cpp runs with THREADS (default 4) host threads: with every core in its pool, a fit on the other
@@ -21,12 +21,15 @@ cd ~/repo
 export CUDA_VISIBLE_DEVICES=${GPU:-1}
 O=${ST:-~/st}/cuda; mkdir -p $O
 T=~/w/model.gguf
-# the shipped drafter with its reduced draft vocabulary (the default), then with the full one (A/B)
-for v in auto full; do
-  python3 -m tfm_local.cli.bench --target $T --drafter auto --draft-vocab $v --threads ${THREADS:-4} \
-    --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench-vocab-$v.json \
-    > $O/bench-vocab-$v.txt 2>&1
-done
+# the shipped drafter (on a GPU "auto" is the full draft vocabulary: the fourteenth session's A/B of the
+# reduced one gained no drafter time and lost 1-3% of tau; VOCAB_AB=1 runs that A/B again with the ids)
+python3 -m tfm_local.cli.bench --target $T --drafter auto --threads ${THREADS:-4} \
+  --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench.json \
+  > $O/bench.txt 2>&1
+[ -n "${VOCAB_AB:-}" ] && python3 -m tfm_local.cli.bench --target $T --drafter auto --threads ${THREADS:-4} \
+  --draft-vocab $(ls ~/repo/tfm_local/assets/*.draft-vocab.npy | head -1) \
+  --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench-vocab-ids.json \
+  > $O/bench-vocab-ids.txt 2>&1
 touch ${ST:-~/st}/ab.done
 # QUICK=1: no graph traces and no tree-GDN timings (measured in earlier sessions): GPU 1 is free sooner
 if [ -z "${QUICK:-}" ]; then
@@ -46,7 +49,7 @@ touch ${ST:-~/st}/gdn.done
 fi
 # upstream's chain with the same (vocabulary-attached) drafter
 for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
-D=$(python3 -c "from pathlib import Path; from tfm_local.drafters import shipped_drafter_for; print(shipped_drafter_for(Path('$T')))")
+D=$(python3 -c "from pathlib import Path; from tfm_local.drafters import shipped_drafter_for; print(shipped_drafter_for(Path('$T'), 'full'))")
 [ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.cli.bench_upstream --binary ~/up/b/bin/llama-speculative-simple \
   --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
 touch ${ST:-~/st}/timing.done
