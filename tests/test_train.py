@@ -676,6 +676,133 @@ def test_time_budget_follows_a_step_time_that_changes(smoke, tmp_path, monkeypat
     assert log[-1]["step"] == log[-1]["total"] == step
 
 
+# -- fit over several processes (torchrun, gloo) ----------------------------------------------
+
+_DP_ARGS = ["--layers", "1", "--ffn", "32", "--epochs", "50", "--lr", "3e-3", "--warmup", "0.05",
+            "--batch-tokens", "512", "--anchors", "4", "--max-len", "256", "--save-every", "3", "--log-every", "1",
+            "--holdout", "3", "--eval-every", "4", "--device", "cpu", "--no-export"]
+
+
+def _dp_opts(steps):
+    """The FitOptions of ``_DP_ARGS`` with ``--max-steps steps`` (15 training batches an epoch on the smoke corpus)."""
+    return FitOptions(**{**_opts(steps).__dict__, "batch_tokens": 512, "holdout": 3, "eval_every": 4})
+
+
+def _torchrun(smoke, out, *args, clock="none"):
+    """``tfm-train fit`` with ``_DP_ARGS`` + ``args`` on the smoke corpus in 2 processes (torchrun, gloo) through
+    tests/torchrun_fit.py, into ``out/run``; returns (each rank's dump: step, total, model; the stdout)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    corpus = smoke.paths["checkpoint"].parents[1] / "corpus"
+    (out / "dump").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).with_name("torchrun_fit.py")), str(out / "dump"), clock, "fit", "--corpus", str(corpus),
+           "--target", str(smoke.paths["target"]), "--out", str(out / "run"), *_DP_ARGS, *args]
+    r = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parents[1], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return [torch.load(out / "dump" / f"rank-{i}.pt") for i in range(2)], r.stdout
+
+
+@pytest.fixture(scope="module")
+def dp_run(smoke, tmp_path_factory):
+    """9 steps of a fit in 2 processes (held-out set, a checkpoint every 3 steps): (run folder, rank dumps, stdout)."""
+    out = tmp_path_factory.mktemp("dp")
+    ranks, stdout = _torchrun(smoke, out, "--max-steps", "9")
+    return out / "run", ranks, stdout
+
+
+def _log_of(run):
+    return [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+
+
+def test_steps_of_two_processes_split_the_batches_of_single_steps(smoke, tmp_path):
+    """An epoch of 15 plan batches in steps of 2: 8 steps, the last of one batch (rank 1 gets none); rank r takes
+    the r-th batch of a step, and the ranks' batches, anchors included, are those of one batch a step, in order."""
+    from tfm_local.train.fit import _Run, drafter_config
+    from tfm_local.train.parallel import Comm
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    opts = FitOptions(**{**_dp_opts(None).__dict__, "epochs": 2})
+    run = lambda rank, world: _Run(corpus, target, tmp_path, opts, drafter_config(target, 1, 32),  # noqa: E731
+                                   Comm(torch.device("cpu"), rank, world))
+    single, ranks = run(0, 1), [run(0, 2), run(1, 2)]
+    assert single.total == 30 and ranks[0].total == ranks[1].total == 16
+    steps = [list(r.steps()) for r in ranks]
+    assert [n for _, _, n in steps[0]] == [n for _, _, n in steps[1]] == 2 * ([2] * 7 + [1])
+    assert [len(mine) for _, mine, _ in steps[1]] == 2 * ([1] * 7 + [0])
+    split = [b for s0, s1 in zip(*steps) for b in s0[1] + s1[1]]
+    flat = [mine[0] for _, mine, _ in single.steps()]
+    assert len(split) == len(flat) == 30
+    for a, b in zip(split, flat):
+        assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+
+
+def test_fit_in_two_processes_equals_one_process_averaging_two_batches(smoke, dp_run, tmp_path):
+    """9 steps in 2 processes (step 8 has one batch: rank 1 adds zero gradients) give the weights, losses and
+    held-out numbers of one process that averages the gradients of the same 2 batches a step (accumulate=2)."""
+    from tfm_local.train.fit import drafter_config, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    run, _, _ = dp_run
+    ref = load_checkpoint(fit(corpus, target, tmp_path / "ref", _dp_opts(9), drafter_config(target, 1, 32),
+                              progress=False, accumulate=2))
+    got = load_checkpoint(run / "checkpoint.pt")
+    assert got["step"] == ref["step"] == 9 and (got["world_size"], got["batches_per_step"]) == (2, 2)
+    for k in ref["model"]:
+        torch.testing.assert_close(got["model"][k], ref["model"][k], rtol=0, atol=1e-5)
+    log, ref_log = _log_of(run), _log_of(tmp_path / "ref")
+    assert [sorted(x) for x in log] == [sorted(x) for x in ref_log]
+    for a, b in zip(log, ref_log):
+        for k in set(a) - {"elapsed_s"}:
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a, b)
+
+
+def test_fit_in_two_processes_keeps_the_ranks_in_step_and_rank_0_writes(dp_run):
+    """Both ranks end at step 9 with the same weights, the checkpoint's; the log (rank 0 alone) counts global
+    steps, each once; rank 0 alone reports the checkpoint."""
+    run, ranks, stdout = dp_run
+    assert [(r["step"], r["total"]) for r in ranks] == [(9, 9), (9, 9)]
+    ckpt = load_checkpoint(run / "checkpoint.pt")
+    for k, v in ckpt["model"].items():
+        assert torch.equal(ranks[0]["model"][k], v) and torch.equal(ranks[1]["model"][k], v)
+    log = _log_of(run)
+    assert [x["step"] for x in log if "loss" in x] == list(range(1, 10))
+    assert [x["step"] for x in log if "heldout_loss" in x] == [4, 8, 9]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "log.jsonl"]
+    assert stdout.count("checkpoint: ") == 1
+
+
+def test_time_budget_of_rank_0_stops_every_rank_at_the_same_step(smoke, tmp_path):
+    """Fake clocks of 1 s a step on rank 0 and 5 s on rank 1, a 1-minute budget: rank 0 re-fits the step total
+    and every rank follows it, so both stop where one process with rank 0's clock would (55..59 steps)."""
+    ranks, _ = _torchrun(smoke, tmp_path, "--time-budget", "1", "--save-every", "1000", "--log-every", "10",
+                         clock="1,5")
+    step = ranks[0]["step"]
+    assert 55 <= step <= 59 and [(r["step"], r["total"]) for r in ranks] == [(step, step)] * 2
+    assert _log_of(tmp_path / "run")[-1]["step"] == load_checkpoint(tmp_path / "run" / "checkpoint.pt")["step"] == step
+
+
+def test_resuming_a_two_process_checkpoint_in_one_process_is_refused(smoke, dp_run, tmp_path):
+    """A checkpoint of 2 processes resumed by 1 would number its steps otherwise: refused, naming the torchrun
+    command; one process taking 2 batches a step (accumulate=2) takes the same steps and may resume it."""
+    import shutil
+
+    from tfm_local.train.fit import drafter_config, fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    run = shutil.copytree(dp_run[0], tmp_path / "run")
+    with pytest.raises(TrainError, match=r"2 batches per step \(2 processes\).*--nproc_per_node 2"):
+        fit(corpus, target, run, _dp_opts(12), drafter_config(target, 1, 32), progress=False)
+    fit(corpus, target, run, _dp_opts(12), drafter_config(target, 1, 32), progress=False, accumulate=2)
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 12
+
+
 def _source_tensors(path):
     """The drafter tensors of a z-lab folder or a checkpoint, float32 torch."""
     from tfm_convert.zlab import index_tensors

@@ -9,6 +9,11 @@ Subcommands (see docs/training.md for the full GPU run):
   check-features  PyTorch vs llama.cpp layer inputs of the target (cosine per layer)
   parity          PyTorch vs llama.cpp drafter top-1 agreement
   smoke           the whole pipeline on a tiny synthetic target (CPU, about a minute)
+
+fit on several GPUs of one host (data-parallel; each step takes one batch per GPU, so N GPUs take
+N times the batches per step and a run has 1/N of the steps; --max-steps, --save-every, the log
+count these steps; a checkpoint resumes only with the same number of GPUs):
+  torchrun --standalone --nproc_per_node 2 -m tfm_local.cli.train fit --corpus ... --target ... --out ...
 """
 from __future__ import annotations
 
@@ -143,9 +148,10 @@ def _fit_options(args):
 
 
 def cmd_fit(args) -> None:
-    """``tfm-train fit``: train (or resume), then export."""
+    """``tfm-train fit``: train (or resume), then export (under torchrun: rank 0 exports)."""
     from tfm_local.train.export import export
     from tfm_local.train.fit import fit
+    from tfm_local.train.parallel import is_main_process
     from tfm_local.train.warmstart import ShapeRequest
 
     target = _target(args.target)
@@ -153,6 +159,8 @@ def cmd_fit(args) -> None:
     shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token)
     ckpt = fit(args.corpus, target, args.out, _fit_options(args), None, _device(args.device),
                restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers)
+    if not is_main_process():  # under torchrun rank 0 alone reports and exports
+        return
     print(f"checkpoint: {ckpt}")
     if not args.no_export:
         for k, p in export(ckpt, target, f"{args.out}/export", tuple(args.outtype)).items():

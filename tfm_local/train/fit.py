@@ -8,6 +8,11 @@ rate) and finally exports the z-lab layout and GGUFs (``export``). A new run
 may start from the weights of another drafter (``init_from``, see
 ``warmstart``); a wall-clock budget fits the schedule to the time
 (``timebudget``).
+
+Under torchrun (``parallel``) the fit is data-parallel: every process builds the same
+plans, one optimiser step takes ``world`` consecutive batches of an epoch's plan (rank r
+the r-th), the gradients are averaged over them, and rank 0 alone logs, evaluates the
+held-out set and writes checkpoints.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from .errors import TrainError
 from .emphasis import emphasise
 from .heldout import eval_batches, evaluate, split
 from .model import DFlashDraft
+from .parallel import Comm, process_group
 from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
 from .timebudget import TimeBudget
 from .warmstart import ShapeRequest, grow_layers, load_init_source, load_source
@@ -103,13 +109,19 @@ def load_corpora(corpora, ident: dict) -> tuple[str, list]:
 
 
 class _Run:
-    """State of one fit: models, optimiser, plans, position."""
+    """State of one fit: models, optimiser, plans, position.
 
-    def __init__(self, corpus, target, out, opts, config, device, init_from=None, shape=None, grow=None,
-                 restart=False):
+    A step takes ``group`` = ``comm.world`` × ``accumulate`` consecutive batches of an epoch's
+    plan (the last step of an epoch the rest); this process computes those of its rank
+    (``steps``). ``step`` and ``total`` count these steps.
+    """
+
+    def __init__(self, corpus, target, out, opts, config, comm: Comm, init_from=None, shape=None, grow=None,
+                 restart=False, accumulate=1):
         from .target_torch import TorchTarget
 
-        self.out, self.opts, self.device = Path(out), opts, torch.device(device)
+        self.out, self.opts, self.comm, self.device = Path(out), opts, comm, comm.device
+        self.group = comm.world * accumulate
         ident = target_identity(target)
         self.corpus_id, seqs = load_corpora(corpus, ident)
         keep = usable(seqs, opts.max_len)
@@ -138,7 +150,7 @@ class _Run:
                                   n_layers=None if opts.soft_weight > 0 else max(self.drafter.feature_layers))
         self.plans = [plan_batches([min(len(s.ids), opts.max_len) for s in self.seqs], opts.batch_tokens,
                                    opts.seed, e) for e in range(opts.epochs)]
-        self.total = sum(len(p) for p in self.plans)
+        self.total = sum(-(-len(p) // self.group) for p in self.plans)
         if opts.max_steps is not None:
             self.total = min(self.total, opts.max_steps)
         decay = [p for n, p in self.drafter.named_parameters() if p.dim() > 1]
@@ -147,7 +159,7 @@ class _Run:
                                         {"params": no_decay, "weight_decay": 0.0}], lr=opts.lr, betas=(0.9, 0.95))
         self.step, self.ident = 0, ident
         self.eval_set = eval_batches(self.heldout, opts.anchors, self.config.block_size, self.config.mask_token_id,
-                                     opts.max_len, opts.batch_tokens, opts.seed)
+                                     opts.max_len, opts.batch_tokens, opts.seed) if comm.main else []
         if self.state:
             self.drafter.load_state_dict(self.state["model"])
             self.optim.load_state_dict(self.state["optim"])
@@ -177,6 +189,8 @@ class _Run:
         return have
 
     def _check_resume(self, ident: dict) -> None:
+        """TrainError unless the checkpoint's run may go on here: same target, corpus, fixed options and
+        batches per step (a checkpoint without ``batches_per_step`` was made by one process)."""
         if not self.state:
             return
         if self.state["target_sha256"] != ident["sha256"] or self.state["corpus_id"] != self.corpus_id:
@@ -185,13 +199,22 @@ class _Run:
         if _fixed(self.state["options"]) != _fixed(dataclasses.asdict(self.opts)):
             raise TrainError(f"{self.out / CKPT} was made with other fit options {self.state['options']}; "
                              "pass the same options to resume, or --restart")
+        group = self.state.get("batches_per_step", 1)
+        if group != self.group:
+            how = ("without torchrun" if group == 1 else
+                   f"`torchrun --standalone --nproc_per_node {group} -m tfm_local.cli.train fit ...`")
+            raise TrainError(f"{self.out / CKPT} was trained with {group} batches per step "
+                             f"({self.state.get('world_size', 1)} processes), this run takes {self.group} "
+                             f"({self.comm.world} processes): its steps would be other steps. Resume it {how}, "
+                             "or --restart")
 
     def save(self) -> None:
         """Write the checkpoint of the current step (atomically)."""
         save_checkpoint(self.out / CKPT, {
             "config": dataclasses.asdict(self.config), "options": dataclasses.asdict(self.opts),
             "model": self.drafter.state_dict(), "optim": self.optim.state_dict(), "step": self.step,
-            "total_steps": self.total, "corpus_id": self.corpus_id,
+            "total_steps": self.total, "corpus_id": self.corpus_id, "world_size": self.comm.world,
+            "batches_per_step": self.group,
             "target_sha256": self.ident["sha256"], "target_name": self.ident["name"],
             "init_from": self.init_record})
 
@@ -200,24 +223,37 @@ class _Run:
         return evaluate(self.drafter, self.target, self.eval_set, weights, self.config.block_size, self.device,
                         self.cuda)
 
-    def batches(self):
-        """(step, Batch) from the current step to the end, deterministically."""
-        step = 0
+    def steps(self):
+        """(step, this rank's Batches, batches in the step) from the current step to the end, deterministically.
+
+        Step s takes the next ``group`` batches of the epoch's plan (fewer at the end of an epoch);
+        batch j of them goes to rank ``j % world`` (a rank may get none at the end of an epoch). The
+        anchors of a batch come from (seed, its index among all the plans' batches): the same batches
+        whatever the split.
+        """
+        step = index = 0
         for plan in self.plans:
-            for idx in plan:
+            for start in range(0, len(plan), self.group):
+                group = plan[start:start + self.group]
                 if step >= self.total:
                     return
                 if step >= self.step:
-                    rng = np.random.default_rng([self.opts.seed, step])
-                    yield step, make_batch([self.seqs[i] for i in idx], self.opts.anchors, self.config.block_size,
-                                           self.config.mask_token_id, self.opts.max_len, rng)
+                    yield step, [self._batch(idx, index + j) for j, idx in enumerate(group)
+                                 if j % self.comm.world == self.comm.rank], len(group)
                 step += 1
+                index += len(group)
+
+    def _batch(self, idx: list[int], index: int):
+        """The Batch of the sequences ``idx``, anchors drawn from (seed, ``index``)."""
+        rng = np.random.default_rng([self.opts.seed, index])
+        return make_batch([self.seqs[i] for i in idx], self.opts.anchors, self.config.block_size,
+                          self.config.mask_token_id, self.opts.max_len, rng)
 
 
 def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike, opts: FitOptions,
         config: DFlashConfig | None = None, device: str = "cpu", progress: bool = True,
         restart: bool = False, init_from: str | os.PathLike | None = None,
-        shape: ShapeRequest | None = None, grow: int | None = None) -> Path:
+        shape: ShapeRequest | None = None, grow: int | None = None, accumulate: int = 1) -> Path:
     """Train (or resume training) a drafter; returns the final checkpoint path.
 
     Args:
@@ -227,7 +263,8 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
         opts: FitOptions. config: drafter config for a new run (default: from
             ``shape``, see ``drafter_config``); a resumed or warm-started run
             keeps its own (a different ``config`` given then is an error).
-        device: "cuda" or "cpu". restart: discard an existing checkpoint.
+        device: "cuda" or "cpu"; under torchrun "cuda" is each process's ``cuda:LOCAL_RANK``.
+            restart: discard an existing checkpoint.
         init_from: a new run starts from the weights of this drafter (z-lab
             folder or checkpoint file; fresh optimiser and schedule); ignored
             when ``out`` holds a checkpoint. Its path and sha256 are recorded in
@@ -237,71 +274,105 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
             the source's drafter differs.
         grow: with ``init_from``, deepen the source drafter to this many layers first
             (``warmstart.grow_layers``: appended layers that start as the identity).
+        accumulate: batches each process computes per step, their gradients averaged (default 1).
+            One process with ``accumulate`` k takes the steps of a fit over k processes (tests check
+            a data-parallel fit with it); not a command-line option.
+
+    Under torchrun (``WORLD_SIZE`` > 1) the fit is data-parallel (``parallel``): a step takes
+    ``WORLD_SIZE`` × ``accumulate`` batches, ``opts.max_steps`` and the log count these steps,
+    and only rank 0 logs, evaluates, shows the bar and writes the checkpoint (every rank returns
+    its path).
+
     Raises:
-        TrainError: corpus/target mismatch, resume with other options, a
-            drafter of another shape, a source that does not fit the target.
+        TrainError: corpus/target mismatch, resume with other options or another number of
+            batches per step (processes), a drafter of another shape, a source that does not
+            fit the target, weights that differ between the processes, a bad torchrun environment.
         CorruptArtifactError: corrupt corpus or checkpoint.
         FileNotFoundError: ``init_from`` does not exist (new runs only).
     """
-    from tqdm import tqdm
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if grow is not None and init_from is None:
         raise TrainError("growing a drafter (--grow-layers) needs the drafter to grow (--init-from)")
-    run = _Run(corpus, target, out, opts, config, device, init_from, shape, grow, restart)
-    if restart and (out / CKPT).exists():  # discarded only once the new run's settings were accepted
-        (out / CKPT).unlink()
+    if accumulate < 1:
+        raise TrainError(f"accumulate must be >= 1, got {accumulate}")
+    with process_group(device) as comm:
+        run = _Run(corpus, target, out, opts, config, comm, init_from, shape, grow, restart, accumulate)
+        if restart and comm.main and (out / CKPT).exists():  # discarded only once the new run's settings were accepted
+            (out / CKPT).unlink()
+        _train(run, progress and comm.main)
+    return out / CKPT
+
+
+def _train(run: _Run, progress: bool) -> None:
+    """Take the steps of ``run`` from its step to its total and save the last one; rank 0 logs to
+    ``out/log.jsonl``, evaluates the held-out set and writes the checkpoints. ``progress``: show a bar."""
+    from tqdm import tqdm
+
+    opts, comm = run.opts, run.comm
     weights = position_weights(run.config.block_size, opts.gamma, run.device)
     bar = tqdm(total=run.total, initial=run.step, desc="fit", unit="step", disable=not progress)
     ema_loss = ema_tau = None
     new_run = run.step == 0  # a new run starts a new log (lines of a discarded or unsaved run are dropped)
-    t0, log = time.time(), open(out / "log.jsonl", "w" if new_run else "a", encoding="utf-8")
+    t0 = time.time()
+    log = open(run.out / "log.jsonl", "w" if new_run else "a", encoding="utf-8") if comm.main else None
+
+    def write(record: dict) -> None:
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
     if new_run and (run.init_record or run.n_emphasised):
-        log.write(json.dumps({"step": 0, "init_from": run.init_record, "sequences": len(run.seqs),
-                              "emphasised": run.n_emphasised}) + "\n")
-        log.flush()
+        write({"step": 0, "init_from": run.init_record, "sequences": len(run.seqs), "emphasised": run.n_emphasised})
     budget = (TimeBudget(opts.time_budget_s, t0, run.step, run.total, opts.save_every)
-              if opts.time_budget_s is not None else None)
+              if opts.time_budget_s is not None and comm.main else None)
     try:
-        for step, batch in run.batches():
-            if budget is not None:
-                total = budget.step_start(step, run.total)
-                if total != run.total:  # run.batches reads run.total at every step
+        comm.check_same(run.drafter, run.step)
+        for step, mine, n in run.steps():
+            if opts.time_budget_s is not None:  # rank 0 re-fits the total, every rank follows it
+                total = comm.broadcast_int(budget.step_start(step, run.total) if budget else run.total)
+                if total != run.total:  # run.steps reads run.total at every step
                     run.total = bar.total = total
                     bar.refresh()
             lr = opts.lr * lr_factor(step, run.total, opts.warmup, opts.min_lr / opts.lr if opts.lr else 0.0)
             for g in run.optim.param_groups:
                 g["lr"] = lr
-            loss, correct = block_loss(run.drafter, run.target, batch.to(run.device), weights,
-                                       run.config.block_size, run.cuda, opts.soft_weight)
             run.optim.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_sum = tau_sum = 0.0
+            for batch in mine:  # gradients add up over this rank's batches
+                batch = batch.to(run.device)
+                loss, correct = block_loss(run.drafter, run.target, batch, weights, run.config.block_size,
+                                           run.cuda, opts.soft_weight)
+                loss.backward()
+                loss_sum += loss.detach().item()
+                tau_sum += acceptance_proxy(correct, batch.anchor_ok)
+            comm.average_gradients(run.drafter.parameters(), n)  # the mean of the n batch losses' gradients
+            lv, tau = (x / n for x in comm.sum([loss_sum, tau_sum]))
             torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), opts.grad_clip)
             run.optim.step()
             run.step = step + 1
-            tau = acceptance_proxy(correct, batch.anchor_ok.to(run.device))
-            lv = loss.detach().item()
             ema_loss = lv if ema_loss is None else 0.95 * ema_loss + 0.05 * lv
             ema_tau = tau if ema_tau is None else 0.95 * ema_tau + 0.05 * tau
             bar.update(1)
             bar.set_postfix(loss=f"{ema_loss:.3f}", tau=f"{ema_tau:.2f}", lr=f"{lr:.1e}")
             if run.step % opts.log_every == 0 or run.step == run.total:
-                log.write(json.dumps({"step": run.step, "loss": lv, "tau": tau, "lr": lr, "total": run.total,
-                                      "elapsed_s": round(time.time() - t0, 1)}) + "\n")
-                log.flush()
+                write({"step": run.step, "loss": lv, "tau": tau, "lr": lr, "total": run.total,
+                       "elapsed_s": round(time.time() - t0, 1)})
             if run.eval_set and (run.step % opts.eval_every == 0 or run.step == run.total):
                 held = run.evaluate(weights)
-                log.write(json.dumps({"step": run.step, **held}) + "\n")
-                log.flush()
+                write({"step": run.step, **held})
                 bar.write(f"step {run.step}: held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}")
             if run.step % opts.save_every == 0:
-                t_save = time.time()
-                run.save()
-                if budget is not None:
-                    budget.saved(time.time() - t_save)
-        run.save()
+                comm.check_same(run.drafter, run.step)
+                if comm.main:
+                    t_save = time.time()
+                    run.save()
+                    if budget is not None:
+                        budget.saved(time.time() - t_save)
+        comm.check_same(run.drafter, run.step)
+        if comm.main:
+            run.save()
     finally:
         bar.close()
-        log.close()
-    return out / CKPT
+        if log is not None:
+            log.close()
