@@ -197,6 +197,37 @@ def test_build_corpus_resumes_and_appends(tmp_path):
         build_corpus(tmp_path / "a", other, _FakePrompts(40), _FakeBackend(), n_prompts=40, shard_size=5, **kw)
 
 
+def test_build_corpus_only_chosen_prompts_keeps_their_ranks(tmp_path):
+    """OnlyPrompts: responses for the chosen ranks only (a skipped one stays skipped), under their own
+    ranks; the ranks' record is part of the generation settings; a sampled corpus of them trains beside
+    the full greedy one (other decoding), and the CLI refuses a ranks file of another prompt order."""
+    from tfm_local.cli.train import _only_prompts
+    from tfm_local.train.corpus import target_identity
+    from tfm_local.train.emphasis import save_emphasis
+    from tfm_local.train.fit import load_corpora
+    from tfm_local.train.generate import OnlyPrompts, build_corpus
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"pretend target")
+    kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False, shard_size=5)
+    only = {"file": "w.npz", "sha256": "x", "prompts": 4}
+    build_corpus(tmp_path / "w", target, OnlyPrompts(_FakePrompts(30), {3, 9, 20, 27}), _FakeSampler(), n_prompts=30,
+                 only=only, **kw)
+    m, seqs = load_corpus(tmp_path / "w")
+    assert [s.prompt_index for s in seqs] == [3, 20, 27] and m["generation"]["only"] == only  # 9 % 5 == 4: skipped
+    with pytest.raises(TrainError, match="generation settings"):
+        build_corpus(tmp_path / "w", target, _FakePrompts(30), _FakeSampler(), n_prompts=30, **kw)
+    build_corpus(tmp_path / "g", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, **kw)
+    both = load_corpora([tmp_path / "w", tmp_path / "g"], target_identity(target))[1]
+    assert len(both) == 3 + len(load_corpus(tmp_path / "g")[1])
+    path = save_emphasis(tmp_path / "e.npz", np.array([1, 2]), json.dumps([{"seed": 1}, 16], sort_keys=True), "t")
+    with pytest.raises(TrainError, match="another prompt order"):
+        _only_prompts(_FakePrompts(30), path, {"seed": 0}, 16)
+    got, record = _only_prompts(_FakePrompts(30), save_emphasis(tmp_path / "f.npz", np.array([1, 2]),
+                                json.dumps([{"seed": 0}, 16], sort_keys=True), "t"), {"seed": 0}, 16)
+    assert record["prompts"] == 2 and record["file"] == "f.npz" and got.get(1) is not None and got.get(3) is None
+
+
 def test_build_corpus_slices_and_time_budget(tmp_path, monkeypatch):
     """Two slices (-n H, --first-prompt H) hold exactly the sequences of one whole corpus; a time budget
     stops before a shard that would overrun, leaves a loadable corpus, and the same call resumes it."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from .common import fail
@@ -114,6 +115,9 @@ def cmd_data(args) -> None:
 
     target = _target(args.target)
     prompts, sel, max_prompt = _prompt_source(args, target)
+    only = None
+    if args.only:
+        prompts, only = _only_prompts(prompts, args.only, sel, max_prompt)
     if args.backend == "torch":
         backend = TorchBackend(target, prompts.eog, _device(args.device), args.dtype, args.batch_size,
                                args.temperature, args.sample_seed)
@@ -123,7 +127,7 @@ def cmd_data(args) -> None:
     try:
         m = build_corpus(args.out, target, prompts, backend, n_prompts=args.n_prompts, max_new=args.max_new_tokens,
                          shard_size=args.shard_size, selection=sel, max_prompt_tokens=max_prompt,
-                         first=args.first_prompt,
+                         first=args.first_prompt, only=only,
                          time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget)
     finally:
         backend.close()
@@ -133,6 +137,27 @@ def cmd_data(args) -> None:
     if c["sequences"] == 0:
         print(f"warning: no sequence generated (--first-prompt {args.first_prompt}, -n {args.n_prompts}, "
               f"{len(prompts)} prompts in the order)", file=sys.stderr)
+
+
+def _only_prompts(prompts, path, sel: dict, max_prompt: int):
+    """(the prompts of an emphasis file's ranks only, its record for the manifest).
+
+    Raises:
+        TrainError: the file's prompt order is not this selection's.
+    """
+    import json
+
+    from tfm_local.train.atomic import sha256_file
+    from tfm_local.train.emphasis import load_emphasis
+    from tfm_local.train.errors import TrainError
+    from tfm_local.train.generate import OnlyPrompts
+
+    order, ranks = load_emphasis(path)
+    if order != json.dumps([sel, max_prompt], sort_keys=True):
+        raise TrainError(f"{path} names prompts of another prompt order than this selection's: "
+                         "build it from the same prompt file")
+    record = {"file": os.path.basename(path), "sha256": sha256_file(path), "prompts": len(ranks)}
+    return OnlyPrompts(prompts, ranks), record
 
 
 def _fit_options(args):
@@ -252,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-prompt", type=_nonnegative_int, default=0, metavar="RANK",
                    help="start at this rank of the prompt order: machines can each take one slice, e.g. "
                         "`-n 20000` on one and `--first-prompt 20000` on another (default 0)")
+    p.add_argument("--only", default=None, metavar="FILE",
+                   help="generate for the prompts of this emphasis file only (`tfm-train emphasis`), keeping "
+                        "their ranks: e.g. more sampled responses to writing prompts (another --sample-seed)")
     p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
                    help="stop before a shard that would end after MIN minutes of generation (model loading "
                         "not counted); the same command resumes")

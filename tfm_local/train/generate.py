@@ -72,6 +72,23 @@ class FilePrompts:
         return self.pf.ids[rank]
 
 
+class OnlyPrompts:
+    """The prompts of ``ranks`` only (the others read as skipped), in the same order and ranks: a corpus
+    of more responses to chosen prompts (``tfm-train data --only``, e.g. an emphasis file's) whose ranks
+    and prompt order are those of the full selection, so the fit's held-out split still keeps every
+    response of a held-out prompt out of training."""
+
+    def __init__(self, prompts: Prompts, ranks: set[int]):
+        self.prompts, self.ranks, self.eog = prompts, ranks, prompts.eog
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def get(self, rank: int) -> np.ndarray | None:
+        """The prompt of ``rank`` when it is one of ``ranks``, else None."""
+        return self.prompts.get(rank) if rank in self.ranks else None
+
+
 class LlamaBackend:
     """Greedy generation by llama.cpp (``Engine`` without a drafter).
 
@@ -205,7 +222,8 @@ def _cut(row: list[int], eog) -> list[int]:
 
 def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Prompts, backend, *,
                  n_prompts: int, max_new: int, shard_size: int, selection: dict, max_prompt_tokens: int,
-                 first: int = 0, time_budget_s: float | None = None, progress: bool = True) -> dict:
+                 first: int = 0, time_budget_s: float | None = None, progress: bool = True,
+                 only: dict | None = None) -> dict:
     """Generate responses for prompt ranks ``max(first, prompts_consumed) .. n_prompts-1`` into ``out``.
 
     Args:
@@ -217,6 +235,8 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
         selection, max_prompt_tokens: recorded; must equal the recorded ones on resume.
         first: first prompt rank of this corpus (recorded when > 0), so that several
             machines can each generate one slice of the order (``--first-prompt``).
+        only: recorded with the generation settings when ``prompts`` is an ``OnlyPrompts`` (e.g. the
+            ranks file's name, sha256 and size), so a resume with other ranks is refused.
         time_budget_s: stop before a shard that would end after this many seconds
             of wall clock, judged by the longest shard so far (None: no limit); the
             corpus stays complete and a later call resumes it.
@@ -233,6 +253,8 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
            "decoding": decoding(getattr(backend, "temperature", 0.0), getattr(backend, "seed", 0))}
     if first:
         gen["first_prompt"] = int(first)
+    if only:
+        gen["only"] = only
     if (out / MANIFEST).is_file():
         m = read_manifest(out)
         _check_resume(m, ident, selection, gen)
