@@ -20,6 +20,8 @@ PROMPTS = [
      {"role": "user", "content": "Pretend you are a pirate captain and greet me."}],  # 4 role-play
     "What is 17 * 23?",                                                     # 5
     "Compose an email to my landlord about the broken heater.",             # 6 writing
+    "Write a python script that renames files, in the style of a poem.",    # 7 code: not writing
+    [{"role": "system", "content": "Write a story."}],                     # 8 no user message
 ]
 
 
@@ -27,8 +29,9 @@ def test_keyword_rule_reads_the_last_user_message():
     assert keyword_ranks(PROMPTS, np.arange(len(PROMPTS))).tolist() == [0, 3, 4, 6]
     assert keyword_ranks(PROMPTS, np.array([1, 2, 5])).tolist() == []
     assert keyword_ranks(PROMPTS, np.array([6, 0, 0])).tolist() == [0, 6]
-    with pytest.raises(TrainError, match="past the 7 prompts"):
-        keyword_ranks(PROMPTS, np.array([7]))
+    assert keyword_ranks(PROMPTS, np.array([7, 8])).tolist() == []
+    with pytest.raises(TrainError, match="past the 9 prompts"):
+        keyword_ranks(PROMPTS, np.array([9]))
 
 
 def test_file_roundtrip_and_bad_files(tmp_path):
@@ -43,8 +46,16 @@ def test_file_roundtrip_and_bad_files(tmp_path):
     np.savez(tmp_path / "neg.npz", ranks=np.array([-1]), order=np.frombuffer(b'"o"', np.uint8))
     with pytest.raises(CorruptArtifactError, match="non-negative"):
         load_emphasis(tmp_path / "neg.npz")
-    with pytest.raises(FileNotFoundError):
+    (tmp_path / "cut.npz").write_bytes(p.read_bytes()[:300])
+    (tmp_path / "empty.npz").write_bytes(b"")
+    np.save(tmp_path / "ranks.npy", np.array([1, 2]))
+    for bad in ("cut.npz", "empty.npz", "ranks.npy"):  # a truncated zip, an empty file, a bare array
+        with pytest.raises(CorruptArtifactError, match="not an emphasis file"):
+            load_emphasis(tmp_path / bad)
+    with pytest.raises(FileNotFoundError, match="emphasis file not found"):
         load_emphasis(tmp_path / "gone.npz")
+    with pytest.raises(TrainError, match=">= 0"):
+        save_emphasis(tmp_path / "n.npz", np.array([3, -2]), '"o"', "rule")
 
 
 def _seq(rank, order, tag):
@@ -57,7 +68,9 @@ def test_emphasise_repeats_the_named_prompts_of_its_order_only(tmp_path):
     out, n = emphasise(seqs, path, 3)
     assert n == 2 and out[:10] == seqs
     assert [(s.prompt_order, s.prompt_index) for s in out[10:]] == [('"a"', 1), ('"a"', 3)] * 2
-    assert emphasise(seqs, path, 1) == (seqs, 0) and emphasise(seqs, None, 4) == (seqs, 0)
+    assert emphasise(seqs, path, 1) == (seqs, 2) and emphasise(seqs, None, 4) == (seqs, 0)
+    with pytest.raises(FileNotFoundError):  # read even when nothing is repeated
+        emphasise(seqs, tmp_path / "gone.npz", 1)
     with pytest.raises(TrainError, match=">= 1"):
         emphasise(seqs, path, 0)
     other = save_emphasis(tmp_path / "o.npz", np.array([1]), '"c"', "test")
@@ -82,3 +95,15 @@ def test_cli_emphasis_on_sharegpt_prompts(tmp_path, capsys):
     assert ranks == set(keyword_ranks(texts, np.array(kept)).tolist()) and ranks and all(r % 5 for r in ranks)
     assert json.loads(order) == [sel.to_dict(), 1024]
     assert f"{len(ranks)} of {len(kept)} prompts" in capsys.readouterr().out
+
+
+def test_cli_emphasis_times_needs_emphasis(tmp_path, capsys):
+    from tfm_local.cli.train import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--corpus", str(tmp_path), "--target", str(tmp_path / "t.gguf"), "--out", str(tmp_path / "r"),
+              "--emphasis-times", "3"])
+    assert "--emphasis-times needs --emphasis" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--corpus", str(tmp_path), "--target", "t", "--out", "r", "--emphasis-times", "x"])
+    assert "must be an integer >= 1, got 'x'" in capsys.readouterr().err

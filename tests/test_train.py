@@ -220,6 +220,12 @@ def test_build_corpus_only_chosen_prompts_keeps_their_ranks(tmp_path):
     build_corpus(tmp_path / "g", target, _FakePrompts(30), _FakeBackend(), n_prompts=30, **kw)
     both = load_corpora([tmp_path / "w", tmp_path / "g"], target_identity(target))[1]
     assert len(both) == 3 + len(load_corpus(tmp_path / "g")[1])
+    from tfm_local.train.fit import _check_heldout_source
+
+    _check_heldout_source([tmp_path / "w", tmp_path / "g"], 5)
+    _check_heldout_source([tmp_path / "g", tmp_path / "w"], 0)
+    with pytest.raises(TrainError, match="put a corpus of all prompts last"):
+        _check_heldout_source([tmp_path / "g", tmp_path / "w"], 5)
     path = save_emphasis(tmp_path / "e.npz", np.array([1, 2]), json.dumps([{"seed": 1}, 16], sort_keys=True), "t")
     with pytest.raises(TrainError, match="another prompt order"):
         _only_prompts(_FakePrompts(30), path, {"seed": 0}, 16)
@@ -621,8 +627,17 @@ def test_fit_emphasis_repeats_named_training_sequences_never_held_out_ones(smoke
     n_train = first["sequences"] // 3
     assert first["emphasised"] == n_train > 0 and set(planned) == {3 * n_train}
     assert seen and not held & set(seen)
-    with pytest.raises(TrainError, match="fit options"):
+    with pytest.raises(TrainError, match="fit options: emphasis file"):
         fit(corpus, target, tmp_path / "e", FitOptions(**{**opts.__dict__, "emphasis": None, "max_steps": 6}),
+            drafter_config(target, 1, 32), progress=False)
+    # the file is compared by its contents: another spelling of it resumes, other ranks under its name do not
+    monkeypatch.chdir(tmp_path)
+    fit(corpus, target, tmp_path / "e", FitOptions(**{**opts.__dict__, "emphasis": "./e.npz", "max_steps": 5}),
+        drafter_config(target, 1, 32), progress=False)
+    assert load_checkpoint(tmp_path / "e" / "checkpoint.pt")["step"] == 5
+    save_emphasis(path, np.array([seqs[0].prompt_index]), prompt_order(read_manifest(corpus)), "one")
+    with pytest.raises(TrainError, match="emphasis file"):
+        fit(corpus, target, tmp_path / "e", FitOptions(**{**opts.__dict__, "max_steps": 6}),
             drafter_config(target, 1, 32), progress=False)
 
 

@@ -88,11 +88,12 @@ def resolve_drafter_arg(a, target_path):
     message (status 2) when it cannot be found or is not a GGUF."""
     if not a.drafter:
         return None
-    from ..drafters import resolve_drafter
+    from ..drafters import draft_vocab_on, resolve_drafter
+    from ..llm import gpu_available
     from ..models import ModelError
 
-    try:
-        return resolve_drafter(a.drafter, target_path, a.draft_vocab)
+    try:  # "auto" as the engine reads it: the full vocabulary on a GPU
+        return resolve_drafter(a.drafter, target_path, draft_vocab_on(a.draft_vocab, gpu_available() and not a.cpu))
     except (ModelError, OSError, ValueError) as e:
         fail(f"drafter: {e}")
 

@@ -121,9 +121,9 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
                     "'auto' = the default drafter of the target")
     ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
     ap.add_argument("--draft-vocab", default="auto", metavar="auto|full|IDS.npy",
-                    help="the drafter's draft vocabulary: 'auto' (default: on the CPU the reduced vocabulary "
-                         "shipped with the drafter, if any, on a GPU the full one; $TFM_DRAFT_VOCAB=0 turns it "
-                         "off), 'full' (the whole target "
+                    help="the drafter's draft vocabulary: 'auto' (default): the reduced vocabulary shipped with "
+                         "the drafter, if any, when the drafter runs on the CPU, the full one on a GPU "
+                         "($TFM_DRAFT_VOCAB=0: always the full one); 'full' (the whole target "
                          "vocabulary), or an .npy file of target token ids")
     ap.add_argument("--budget", type=budget_arg, default="auto",
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "

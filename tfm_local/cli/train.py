@@ -84,7 +84,7 @@ def cmd_emphasis(args) -> None:
 
     import numpy as np
 
-    from tfm_local.train.emphasis import WRITING, keyword_ranks, save_emphasis
+    from tfm_local.train.emphasis import CODE, WRITING, keyword_ranks, save_emphasis
     from tfm_local.train.prompts import PromptFile, Selection, select_prompts
 
     pf = PromptFile.load(args.prompts)
@@ -92,7 +92,7 @@ def cmd_emphasis(args) -> None:
     ranks = np.array([r for r, x in enumerate(pf.ids) if x is not None], dtype=np.int64)
     hit = keyword_ranks(texts, ranks)
     order = json.dumps([pf.meta["selection"], pf.meta["max_prompt_tokens"]], sort_keys=True)
-    save_emphasis(args.out, hit, order, "writing: " + WRITING.pattern)
+    save_emphasis(args.out, hit, order, f"writing: {WRITING.pattern} unless: {CODE.pattern}")
     print(f"{args.out}: {len(hit)} of {len(ranks)} prompts ask for writing or role-play")
 
 
@@ -144,6 +144,7 @@ def _only_prompts(prompts, path, sel: dict, max_prompt: int):
 
     Raises:
         TrainError: the file's prompt order is not this selection's.
+        FileNotFoundError / CorruptArtifactError: no such file, or not an emphasis file.
     """
     import json
 
@@ -169,7 +170,20 @@ def _fit_options(args):
                       save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every,
                       time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget,
                       holdout=args.holdout, eval_every=args.eval_every, soft_weight=args.soft_weight,
-                      emphasis=args.emphasis, emphasis_times=args.emphasis_times)
+                      emphasis=args.emphasis, emphasis_times=_emphasis_times(args))
+
+
+def _emphasis_times(args) -> int:
+    """--emphasis-times, 2 by default with --emphasis (1 = the file only checked, nothing repeated).
+
+    Raises:
+        TrainError: --emphasis-times without --emphasis.
+    """
+    from tfm_local.train.errors import TrainError
+
+    if args.emphasis_times is not None and not args.emphasis:
+        raise TrainError("--emphasis-times needs --emphasis FILE (the prompts to repeat)")
+    return args.emphasis_times if args.emphasis_times is not None else (2 if args.emphasis else 1)
 
 
 def cmd_fit(args) -> None:
@@ -179,10 +193,11 @@ def cmd_fit(args) -> None:
     from tfm_local.train.parallel import is_main_process
     from tfm_local.train.warmstart import ShapeRequest
 
+    opts = _fit_options(args)  # option errors before any model is looked up
     target = _target(args.target)
     # the shape options given: a new drafter's shape; checked against a resumed or warm-start drafter's
     shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token)
-    ckpt = fit(args.corpus, target, args.out, _fit_options(args), None, _device(args.device),
+    ckpt = fit(args.corpus, target, args.out, opts, None, _device(args.device),
                restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers)
     if not is_main_process():  # under torchrun rank 0 alone reports and exports
         return
@@ -329,8 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=typ, default=d[key], help=f"{_FIT_HELP.get(key, '')}(default {d[key]})")
     p.add_argument("--emphasis", default=None, metavar="FILE",
                    help="emphasis file (`tfm-train emphasis`): train more often on these prompts' sequences")
-    p.add_argument("--emphasis-times", type=_positive_int, default=1, metavar="K",
-                   help="with --emphasis: each of those sequences K times per epoch (default 1)")
+    p.add_argument("--emphasis-times", type=_positive_int, default=None, metavar="K",
+                   help="with --emphasis: each of those sequences K times per epoch (default 2)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
     p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
                    help="end the fit (schedule included) within MIN minutes of wall clock")
@@ -404,7 +419,10 @@ def _nonnegative_int(text: str) -> int:
 
 def _positive_int(text: str) -> int:
     """argparse type: an int ≥ 1."""
-    v = int(text)
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return v
@@ -438,11 +456,12 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     from tfm_convert import ConvertError
     from tfm_local.data import DataNotFoundError
+    from tfm_local.models import ModelError
     from tfm_local.train.errors import TrainError
 
     try:
         args.func(args)
-    except (TrainError, ConvertError, DataNotFoundError, FileNotFoundError) as e:
+    except (TrainError, ConvertError, DataNotFoundError, FileNotFoundError, ModelError) as e:
         fail(str(e))
     except KeyboardInterrupt:
         fail("interrupted (the last checkpoint / shard is intact; run the same command to resume)", 130)

@@ -25,22 +25,28 @@ from .errors import CorruptArtifactError, TrainError
 # a keyword test for asking to write prose or to play a part (lower-cased last user message)
 WRITING = re.compile(
     r"\b(write|compose|draft)\b.{0,40}\b(story|stories|poem|poems|essay|letter|email|e-mail|speech|"
-    r"blog|article|song|lyrics|script|post|narrative|paragraph|review|description|introduction|"
-    r"chapter|scene|dialogue|tweet|ad|advertisement|cover letter|bio|summary)\b"
+    r"blog|article|song|lyrics|narrative|paragraph|introduction|chapter|scene|dialogue|tweet|"
+    r"advertisement|cover letter|bio)\b"
     r"|\b(act as|pretend (to be|you are|you're)|role[- ]?play|you are (a|an|my) \w+|imagine you are|"
-    r"in the style of|write (like|about)|story|stories|novel|fiction|fairy tale|once upon a time|poem|haiku|sonnet|limerick)\b",
+    r"in the style of|write (like|about)|story|stories|novel|fiction|fairy tale|once upon a time|poem|haiku|"
+    r"sonnet|limerick)\b",
     re.S)
+# ... unless it is about code (a prompt asking for a script, a function or a developer's help)
+CODE = re.compile(r"\b(code|python|javascript|typescript|sql|bash|html|css|regex|api|json|react|django|docker|"
+                  r"developer|function|(python|bash|shell|powershell|google app) script)\b")
 
 
 def last_user_text(prompt: str | list[dict]) -> str:
-    """The text of a prompt's last user message (a first turn is the prompt itself)."""
+    """The text of a prompt's last user message (a first turn is the prompt itself; "" without one)."""
     if isinstance(prompt, str):
         return prompt
-    return next(m["content"] for m in reversed(prompt) if m["role"] == "user")
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
 
 
-def keyword_ranks(prompts: list, ranks: np.ndarray, rule: re.Pattern = WRITING) -> np.ndarray:
-    """int32 ``[k]``: the ``ranks`` (indices into ``prompts``) whose last user message matches ``rule``.
+def keyword_ranks(prompts: list, ranks: np.ndarray, rule: re.Pattern = WRITING,
+                  unless: re.Pattern | None = CODE) -> np.ndarray:
+    """int32 ``[k]``: the ``ranks`` (indices into ``prompts``) whose last user message (lower-cased)
+    matches ``rule`` and not ``unless``.
 
     Raises:
         TrainError: a rank outside ``prompts``.
@@ -48,13 +54,20 @@ def keyword_ranks(prompts: list, ranks: np.ndarray, rule: re.Pattern = WRITING) 
     ranks = np.asarray(ranks, dtype=np.int64)
     if ranks.size and (ranks.min() < 0 or ranks.max() >= len(prompts)):
         raise TrainError(f"prompt ranks reach {int(ranks.max())}, past the {len(prompts)} prompts of the selection")
-    hit = [int(r) for r in ranks if rule.search(last_user_text(prompts[r]).casefold())]
+    texts = {int(r): last_user_text(prompts[r]).casefold() for r in ranks}
+    hit = [r for r, t in texts.items() if rule.search(t) and not (unless and unless.search(t))]
     return np.array(sorted(set(hit)), dtype=np.int32)
 
 
 def save_emphasis(path: str | os.PathLike, ranks: np.ndarray, order: str, rule: str) -> Path:
-    """Write an emphasis file atomically (see the module doc); returns its path."""
+    """Write an emphasis file atomically (see the module doc); returns its path.
+
+    Raises:
+        TrainError: a negative rank.
+    """
     ranks = np.unique(np.asarray(ranks, dtype=np.int32))
+    if ranks.size and ranks[0] < 0:
+        raise TrainError(f"prompt ranks must be >= 0, got {int(ranks[0])}")
     with atomic_output(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, ranks=ranks, order=np.frombuffer(order.encode(), np.uint8),
@@ -69,14 +82,15 @@ def load_emphasis(path: str | os.PathLike) -> tuple[str, set[int]]:
         FileNotFoundError: no such file.
         CorruptArtifactError: not an emphasis file (missing arrays, bad JSON, negative ranks).
     """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"emphasis file not found: {path}")
     try:
-        with np.load(path) as z:
+        with np.load(path) as z:  # an .npy loads as an array, without the context manager: refused below
             ranks, order = z["ranks"], bytes(z["order"]).decode()
         json.loads(order)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:
-        raise CorruptArtifactError(f"{path} is not an emphasis file (tfm-train emphasis): {e}") from e
+    except Exception as e:  # a truncated zip, an empty file, an .npy, missing arrays, bad JSON
+        raise CorruptArtifactError(f"{path} is not an emphasis file (tfm-train emphasis): "
+                                   f"{type(e).__name__}: {e}") from e
     if ranks.ndim != 1 or not np.issubdtype(ranks.dtype, np.integer) or (ranks.size and ranks.min() < 0):
         raise CorruptArtifactError(f"{path}: ranks must be a 1-D array of non-negative integers")
     return order, {int(r) for r in ranks}
@@ -92,9 +106,9 @@ def emphasise(seqs: list, path: str | os.PathLike | None, times: int) -> tuple[l
     """
     if times < 1:
         raise TrainError(f"emphasis times must be >= 1, got {times}")
-    if path is None or times == 1:
+    if path is None:
         return seqs, 0
-    order, ranks = load_emphasis(path)
+    order, ranks = load_emphasis(path)  # checked even with times 1
     if not any(s.prompt_order == order for s in seqs):
         raise TrainError(f"{path} names prompts of another prompt order than the corpora's: "
                          "build it from the prompt file the corpora were generated from")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -31,7 +32,8 @@ from tfm_convert.zlab import DFlashConfig
 
 from .batching import make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
-from .corpus import corpus_id, load_corpus, target_identity
+from .atomic import sha256_file
+from .corpus import corpus_id, load_corpus, read_manifest, target_identity
 from .errors import TrainError
 from .emphasis import emphasise
 from .heldout import eval_batches, evaluate, split
@@ -59,8 +61,13 @@ def config_from_dict(d: dict) -> DFlashConfig:
 def _fixed(options: dict) -> dict:
     """The fit options a resumed run must keep (the others may change between runs)."""
     full = {**dataclasses.asdict(FitOptions()), **options}  # options added since the checkpoint: defaults
+    # the emphasis file is compared by its contents (``emphasis_sha256``), not by how its path is spelled
     return {k: v for k, v in full.items()
-            if k not in ("save_every", "log_every", "max_steps", "time_budget_s", "eval_every")}
+            if k not in ("save_every", "log_every", "max_steps", "time_budget_s", "eval_every", "emphasis")}
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" + ("" if n == 1 else "es")
 
 
 def _check_disjoint(seen: dict, folder, manifest: dict, part: list) -> None:
@@ -76,6 +83,16 @@ def _check_disjoint(seen: dict, folder, manifest: dict, part: list) -> None:
             raise TrainError(f"corpora {other} and {folder} share {len(common)} prompts of the same prompt "
                              f"order (ranks {min(common)}..{max(common)}): each would be trained on twice")
     seen.setdefault(order, []).append((folder, ranks))
+
+
+def _check_heldout_source(corpora, holdout: int) -> None:
+    """TrainError when the held-out sequences (the last ``holdout`` of the corpora in the order given)
+    would come from a corpus of chosen prompts only (``tfm-train data --only``): the held-out proxy
+    would not be comparable with other runs'."""
+    last = corpora if isinstance(corpora, (str, os.PathLike)) else list(corpora)[-1]
+    if holdout and "only" in read_manifest(last)["generation"]:
+        raise TrainError(f"the held-out sequences are the last {holdout} of the corpora as given, and {last} "
+                         "holds chosen prompts only (data --only): put a corpus of all prompts last")
 
 
 def prompt_order(manifest: dict) -> str:
@@ -122,8 +139,10 @@ class _Run:
 
         self.out, self.opts, self.comm, self.device = Path(out), opts, comm, comm.device
         self.group = comm.world * accumulate
+        self.emphasis_sha256 = sha256_file(opts.emphasis) if opts.emphasis and Path(opts.emphasis).is_file() else None
         ident = target_identity(target)
         self.corpus_id, seqs = load_corpora(corpus, ident)
+        _check_heldout_source(corpus, opts.holdout)
         keep = usable(seqs, opts.max_len)
         if not keep:
             raise TrainError(f"corpus {corpus} has no sequence with a response of 2+ tokens")
@@ -196,16 +215,19 @@ class _Run:
         if self.state["target_sha256"] != ident["sha256"] or self.state["corpus_id"] != self.corpus_id:
             raise TrainError(f"{self.out / CKPT} was trained on another target or corpus: "
                              "use another --out, or --restart to discard it")
-        if _fixed(self.state["options"]) != _fixed(dataclasses.asdict(self.opts)):
-            raise TrainError(f"{self.out / CKPT} was made with other fit options {self.state['options']}; "
+        have, want = _fixed(self.state["options"]), _fixed(dataclasses.asdict(self.opts))
+        have["emphasis file"], want["emphasis file"] = self.state.get("emphasis_sha256"), self.emphasis_sha256
+        if have != want:
+            diff = ", ".join(f"{k} {have.get(k)!r} (now {want.get(k)!r})" for k in sorted(want) if have.get(k) != want.get(k))
+            raise TrainError(f"{self.out / CKPT} was made with other fit options: {diff}; "
                              "pass the same options to resume, or --restart")
         group = self.state.get("batches_per_step", 1)
         if group != self.group:
             how = ("without torchrun" if group == 1 else
                    f"`torchrun --standalone --nproc_per_node {group} -m tfm_local.cli.train fit ...`")
             raise TrainError(f"{self.out / CKPT} was trained with {group} batches per step "
-                             f"({self.state.get('world_size', 1)} processes), this run takes {self.group} "
-                             f"({self.comm.world} processes): its steps would be other steps. Resume it {how}, "
+                             f"({_processes(self.state.get('world_size', 1))}), this run takes {self.group} "
+                             f"({_processes(self.comm.world)}): its steps would be other steps. Resume it {how}, "
                              "or --restart")
 
     def save(self) -> None:
@@ -214,7 +236,7 @@ class _Run:
             "config": dataclasses.asdict(self.config), "options": dataclasses.asdict(self.opts),
             "model": self.drafter.state_dict(), "optim": self.optim.state_dict(), "step": self.step,
             "total_steps": self.total, "corpus_id": self.corpus_id, "world_size": self.comm.world,
-            "batches_per_step": self.group,
+            "batches_per_step": self.group, "emphasis_sha256": self.emphasis_sha256,
             "target_sha256": self.ident["sha256"], "target_name": self.ident["name"],
             "init_from": self.init_record})
 
@@ -322,8 +344,11 @@ def _train(run: _Run, progress: bool) -> None:
             log.write(json.dumps(record) + "\n")
             log.flush()
 
-    if new_run and (run.init_record or run.n_emphasised):
-        write({"step": 0, "init_from": run.init_record, "sequences": len(run.seqs), "emphasised": run.n_emphasised})
+    if (new_run and run.init_record) or run.opts.emphasis:  # the emphasis record on a resume too
+        write({"step": run.step, "init_from": run.init_record, "sequences": len(run.seqs), "emphasised": run.n_emphasised})
+        if run.opts.emphasis and not run.n_emphasised and comm.main:
+            print(f"warning: no training sequence is of a prompt of {run.opts.emphasis}: nothing is repeated",
+                  file=sys.stderr)
     budget = (TimeBudget(opts.time_budget_s, t0, run.step, run.total, opts.save_every)
               if opts.time_budget_s is not None and comm.main else None)
     try:
