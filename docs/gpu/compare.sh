@@ -3,7 +3,7 @@
 # HumanEval (greedy, 256 new tokens, full draft vocabulary), one GPU per run, side by side:
 #   setsid nohup bash ~/repo/docs/gpu/compare.sh > ~/st/compare.log 2>&1 < /dev/null &
 # Picks which run the development machine's CPU benchmark (the bar's measurement) should confirm.
-# Outputs ${ST:-~/st}/bench-run<g>.json/.txt, then ${ST:-~/st}/compare.done.
+# Outputs ${ST:-~/st}/bench-run<g>.json/.txt (and profile.json/.txt with PROFILE=1), then compare.done.
 set -uo pipefail
 . ~/env.sh
 cd ~/repo
@@ -16,4 +16,7 @@ for g in ${FIT_GPUS:-0 1}; do
     --json ${ST:-~/st}/bench-run$g.json > ${ST:-~/st}/bench-run$g.txt 2>&1 &
 done
 wait
+# PROFILE=1: where a verify pass and a drafter step spend their time (kernels against wall clock), GPU 0
+[ -n "${PROFILE:-}" ] && CUDA_VISIBLE_DEVICES=0 python3 docs/profile_passes.py --target ~/w/model.gguf --drafter auto \
+  --tokens 1,8,16 --iters 20 --json ${ST:-~/st}/profile.json > ${ST:-~/st}/profile.txt 2>&1
 touch ${ST:-~/st}/compare.done
