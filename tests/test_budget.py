@@ -107,6 +107,30 @@ def test_auto_budget_goes_speculative_when_it_pays_and_calibrates():
     assert auto.choose(7) == 7
 
 
+def test_extrapolate_continues_a_short_curve_as_a_chain():
+    from tfm_local.budget import extrapolate
+
+    np.testing.assert_allclose(extrapolate([0.8], 4), np.cumsum([0.8, 0.64, 0.512, 0.4096]))
+    np.testing.assert_allclose(extrapolate([0.9, 1.7], 4), [0.9, 1.7, 1.7 + 0.8 * 8 / 9, 1.7 + 0.8 * 8 / 9 + 0.8 * (8 / 9) ** 2])
+    np.testing.assert_allclose(extrapolate([1.0], 3), [1.0, 1.95, 1.95 + 0.9025])  # rate clamped to 0.95
+    np.testing.assert_allclose(extrapolate([0.5, 0.5], 3), [0.5, 0.5, 0.5])         # no gain: stays flat
+    assert extrapolate([], 2).tolist() == [0.0, 0.0] and extrapolate([1, 2, 3], 2).tolist() == [1, 2, 3]
+
+
+def test_a_budget_1_probe_can_show_that_a_deeper_budget_pays():
+    """Pass costs of this project's 2-core CPU (66 ms for 1 token, 100 for 2, 112 for 4: fourteenth
+    session) and a probe one token deep that the drafter predicts at 0.85: budget 1 alone does not pay
+    ((1 + 0.85) / (100 + 20) ms < 1 / 66 ms · 1.03), budget 3 does; a flat continuation of the probe's
+    one-point curve hid that, and the engine then never speculated on HumanEval."""
+    costs = PassCosts()
+    for n, ms in ((1, 66), (2, 100), (3, 106), (4, 112), (8, 202), (16, 253)):
+        costs.record(n, ms / 1e3)
+    auto = AutoBudget(costs=costs)
+    assert auto.choose(15) == 1 and auto.probing
+    auto.observe_spec(2, 0.100, 0.020, np.array([0.85]), 1, 1)
+    assert auto.choose(15) >= 3 and not auto.probing
+
+
 def test_auto_budget_keeps_a_plain_decision_for_recheck_steps(monkeypatch):
     """While plain wins, best_budget runs once per ``recheck`` plain steps (plus the probes); a
     speculative step's statistics make the next choice compute it again."""

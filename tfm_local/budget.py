@@ -23,7 +23,8 @@ costs. Per step, with a budget of B drafted tokens:
 When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
 follow the text. A probe drafts only as deep as its budget (``probing``), so
-it costs one short drafter pass and one short verification. Between probes
+it costs one short drafter pass and one short verification; the gains of
+deeper budgets are then extrapolated from it (``extrapolate``). Between probes
 only the one-token cost changes, so a "plain" choice is re-evaluated every
 ``recheck`` steps rather than on each (it cost ~0.1 ms a step in Python, 5%
 of a plain step on the H200). The choice never changes the output: every
@@ -116,6 +117,23 @@ def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: floa
     return int(b[i]) if rate[i] > margin / costs.estimate(1) else 0
 
 
+def extrapolate(curve: np.ndarray, n: int) -> np.ndarray:
+    """A gain curve measured to a depth shorter than ``n`` (a probe drafts only its budget deep)
+    continued to length ``n`` as a chain continues: each further position adds the last increment
+    times q, q = the ratio of the last two increments (one point: q = the curve's first value, its
+    acceptance rate), clamped to [0, 0.95]. A flat continuation instead would price every deeper
+    budget as worthless, so probes at budget 1 could never show that budget 3 pays. Float64 ``[n]``;
+    a curve of length ≥ ``n`` is returned as it is.
+    """
+    c = np.asarray(curve, dtype=np.float64)
+    if len(c) >= n or len(c) == 0:
+        return _extend(c, n)
+    inc = np.diff(np.concatenate([[0.0], c]))
+    q = inc[-1] / inc[-2] if len(inc) >= 2 and inc[-2] > 0 else c[0]
+    extra = inc[-1] * np.clip(q, 0.0, 0.95) ** np.arange(1, n - len(c) + 1)
+    return np.concatenate([c, c[-1] + np.cumsum(extra)])
+
+
 @dataclass
 class AutoBudget:
     """Per-step budget chooser (state kept across generations of one Engine).
@@ -200,11 +218,11 @@ class AutoBudget:
         self.predicted = (1 - a) * self.predicted + a * pred if self.predicted else pred
 
     def _curve(self, k_max: int) -> np.ndarray:
-        return _extend(self.curve[:k_max], k_max)
+        return extrapolate(self.curve[:k_max], k_max)
 
     @staticmethod
     def _blend(old: np.ndarray | None, new: np.ndarray, a: float) -> np.ndarray:
         if old is None:
             return np.asarray(new, dtype=np.float64).copy()
         n = max(len(old), len(new))
-        return (1 - a) * _extend(old, n) + a * _extend(np.asarray(new, dtype=np.float64), n)
+        return (1 - a) * extrapolate(old, n) + a * extrapolate(new, n)
