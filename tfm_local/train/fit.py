@@ -218,7 +218,8 @@ class _Run:
         have, want = _fixed(self.state["options"]), _fixed(dataclasses.asdict(self.opts))
         have["emphasis file"], want["emphasis file"] = self.state.get("emphasis_sha256"), self.emphasis_sha256
         if have != want:
-            diff = ", ".join(f"{k} {have.get(k)!r} (now {want.get(k)!r})" for k in sorted(want) if have.get(k) != want.get(k))
+            diff = ", ".join(f"{k} {have.get(k)!r} (now {want.get(k)!r})"
+                             for k in sorted(want) if have.get(k) != want.get(k))
             raise TrainError(f"{self.out / CKPT} was made with other fit options: {diff}; "
                              "pass the same options to resume, or --restart")
         group = self.state.get("batches_per_step", 1)
@@ -345,7 +346,8 @@ def _train(run: _Run, progress: bool) -> None:
             log.flush()
 
     if (new_run and run.init_record) or run.opts.emphasis:  # the emphasis record on a resume too
-        write({"step": run.step, "init_from": run.init_record, "sequences": len(run.seqs), "emphasised": run.n_emphasised})
+        write({"step": run.step, "init_from": run.init_record, "sequences": len(run.seqs),
+               "emphasised": run.n_emphasised})
         if run.opts.emphasis and not run.n_emphasised and comm.main:
             print(f"warning: no training sequence is of a prompt of {run.opts.emphasis}: nothing is repeated",
                   file=sys.stderr)
