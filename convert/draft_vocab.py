@@ -1,7 +1,8 @@
 """A reduced draft vocabulary: the drafter's LM head over the K most frequent target tokens only.
 
-The drafter's block pass spends most of its time in the LM head (16 rows × the target's whole
-vocabulary, 151,936 tokens for Qwen2.5). A draft vocabulary keeps the K target tokens the
+On the CPU the drafter's block pass spends most of its time in the LM head (16 rows × the target's
+whole vocabulary, 151,936 tokens for Qwen2.5); on an H200 the head is not what a step waits for
+(docs/gpu-h200.md), and ``tfm_local.drafters.draft_vocab_on`` keeps the full vocabulary there. A draft vocabulary keeps the K target tokens the
 target emits most often (FR-Spec; EAGLE-3's draft vocabulary): the drafter computes logits for
 those rows only and can never propose another token. Verification by the target keeps the
 output lossless.

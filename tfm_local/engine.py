@@ -94,10 +94,10 @@ class Engine:
         target_path = resolve_model(target or DEFAULT_TARGET)
         self.target = Target(target_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers)
-        self.backend_argmax = backend_argmax_wanted(greedy_argmax, gpu_available() and n_gpu_layers != 0)
+        on_gpu = gpu_available() and n_gpu_layers != 0
+        self.backend_argmax = backend_argmax_wanted(greedy_argmax, on_gpu)
         self.drafter: DFlashDrafter | None = None
         if drafter is not None and budget != 0:
-            on_gpu = gpu_available() and n_gpu_layers != 0
             dpath = resolve_drafter(drafter, target_path, draft_vocab_on(draft_vocab, on_gpu))
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)

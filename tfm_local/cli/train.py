@@ -80,10 +80,9 @@ def cmd_prompts(args) -> None:
 
 def cmd_emphasis(args) -> None:
     """``tfm-train emphasis``: the prompts of a prompt file that ask for writing or role-play."""
-    import json
-
     import numpy as np
 
+    from tfm_local.train.corpus import order_key
     from tfm_local.train.emphasis import CODE, WRITING, keyword_ranks, save_emphasis
     from tfm_local.train.prompts import PromptFile, Selection, select_prompts
 
@@ -91,7 +90,7 @@ def cmd_emphasis(args) -> None:
     texts = select_prompts(Selection(**pf.meta["selection"]))
     ranks = np.array([r for r, x in enumerate(pf.ids) if x is not None], dtype=np.int64)
     hit = keyword_ranks(texts, ranks)
-    order = json.dumps([pf.meta["selection"], pf.meta["max_prompt_tokens"]], sort_keys=True)
+    order = order_key(pf.meta["selection"], pf.meta["max_prompt_tokens"])
     save_emphasis(args.out, hit, order, f"writing: {WRITING.pattern} unless: {CODE.pattern}")
     print(f"{args.out}: {len(hit)} of {len(ranks)} prompts ask for writing or role-play")
 
@@ -146,15 +145,14 @@ def _only_prompts(prompts, path, sel: dict, max_prompt: int):
         TrainError: the file's prompt order is not this selection's.
         FileNotFoundError / CorruptArtifactError: no such file, or not an emphasis file.
     """
-    import json
-
     from tfm_local.train.atomic import sha256_file
+    from tfm_local.train.corpus import order_key
     from tfm_local.train.emphasis import load_emphasis
     from tfm_local.train.errors import TrainError
     from tfm_local.train.generate import OnlyPrompts
 
     order, ranks = load_emphasis(path)
-    if order != json.dumps([sel, max_prompt], sort_keys=True):
+    if order != order_key(sel, max_prompt):
         raise TrainError(f"{path} names prompts of another prompt order than this selection's: "
                          "build it from the same prompt file")
     record = {"file": os.path.basename(path), "sha256": sha256_file(path), "prompts": len(ranks)}

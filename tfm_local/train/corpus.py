@@ -49,6 +49,12 @@ class Sequence:
         return len(self.ids) - self.prompt_len
 
 
+def order_key(selection: dict, max_prompt_tokens: int | None) -> str:
+    """The prompt order that ranks index, as a JSON string: the selection and the prompt bound. Corpus
+    manifests (``fit.prompt_order``), emphasis files and ``tfm-train data --only`` compare this key."""
+    return json.dumps([selection, max_prompt_tokens], sort_keys=True)
+
+
 def target_identity(path: str | os.PathLike) -> dict[str, Any]:
     """``{"name", "size", "sha256"}`` of a target GGUF (hashes the whole file)."""
     p = Path(path)

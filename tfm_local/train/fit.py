@@ -33,7 +33,7 @@ from tfm_convert.zlab import DFlashConfig
 from .batching import make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
 from .atomic import sha256_file
-from .corpus import corpus_id, load_corpus, read_manifest, target_identity
+from .corpus import corpus_id, load_corpus, order_key, read_manifest, target_identity
 from .errors import TrainError
 from .emphasis import emphasise
 from .heldout import eval_batches, evaluate, split
@@ -97,7 +97,7 @@ def _check_heldout_source(corpora, holdout: int) -> None:
 
 def prompt_order(manifest: dict) -> str:
     """The prompt order a corpus's ranks index: its selection and prompt bound, as a JSON string."""
-    return json.dumps([manifest["selection"], manifest["generation"].get("max_prompt_tokens")], sort_keys=True)
+    return order_key(manifest["selection"], manifest["generation"].get("max_prompt_tokens"))
 
 
 def load_corpora(corpora, ident: dict) -> tuple[str, list]:
