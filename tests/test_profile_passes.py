@@ -26,3 +26,24 @@ def test_profile_passes_on_the_cpu(tmp_path, monkeypatch):
     assert [r["case"].split(" ", 1)[0] for r in rows] == ["target", "target", "drafter", "drafter"]
     assert [r["case"] for r in rows][2:] == ["drafter topk", "drafter step"]
     assert all(r["wall_ms"] > 0 and r["kernel_ms"] == 0 and r["kernels"] == 0 for r in rows)
+
+
+def test_kernel_table_leaves_out_the_case_annotation():
+    """On a GPU the profiler puts a case's own record_function range on the CUDA timeline as well (a user
+    annotation, first seen on the H200): it must not count as a kernel. CUPTI events cannot exist on this
+    CPU-only machine, so the events are stand-ins with the profiler's attributes."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+    spec = importlib.util.spec_from_file_location("profile_passes", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def ev(name, dev, a, b):
+        return NS(name=name, device_type=dev, time_range=NS(start=a, end=b, elapsed_us=lambda: b - a))
+    events = [ev("case", DeviceType.CPU, 0, 1000), ev("case", DeviceType.CUDA, 10, 1990),
+              ev("gemm", DeviceType.CUDA, 100, 400), ev("norm", DeviceType.CUDA, 500, 600),
+              ev("late", DeviceType.CUDA, 1500, 1600)]
+    (row,) = mod.kernel_table(NS(events=lambda: events), ["case"], iters=1)
+    assert row["kernels"] == 2 and row["kernel_ms"] == pytest.approx(0.4)
+    assert [name for name, _ in row["top"]] == ["gemm", "norm"] and row["busy"] == pytest.approx(0.4)

@@ -234,6 +234,39 @@ def test_build_corpus_only_chosen_prompts_keeps_their_ranks(tmp_path):
     assert record["prompts"] == 2 and record["file"] == "f.npz" and got.get(1) is not None and got.get(3) is None
 
 
+class _BatchRecorder(_FakeBackend):
+    """_FakeBackend that records the size of every batch it is given."""
+
+    def __init__(self):
+        self.batches = []
+
+    def generate(self, prompts, max_new, ranks=None):
+        self.batches.append(len(prompts))
+        return super().generate(prompts, max_new, ranks)
+
+
+def test_build_corpus_only_fills_its_batches(tmp_path):
+    """A sparse OnlyPrompts choice: each shard spans as many ranks as hold shard_size chosen prompts (full
+    batches, not ~5% of one as on the H200), and the corpus is the same as with rank-sized shards."""
+    from tfm_local.train.generate import OnlyPrompts, build_corpus
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"pretend target")
+    chosen = {2, 3, 11, 12, 13, 22, 31, 36, 41, 47}  # none is skipped (r % 5 == 4)
+    kw = dict(max_new=3, selection={"seed": 0}, max_prompt_tokens=16, progress=False)
+    rec = _BatchRecorder()
+    m = build_corpus(tmp_path / "a", target, OnlyPrompts(_FakePrompts(50), chosen), rec, n_prompts=50,
+                     shard_size=3, **kw)
+    assert rec.batches == [3, 3, 3, 1] and m["counts"]["prompts_consumed"] == 50
+    build_corpus(tmp_path / "b", target, OnlyPrompts(_FakePrompts(50), chosen), _FakeBackend(), n_prompts=20,
+                 shard_size=1, **kw)  # another shard size, stopped early and resumed: the same corpus
+    build_corpus(tmp_path / "b", target, OnlyPrompts(_FakePrompts(50), chosen), _FakeBackend(), n_prompts=50,
+                 shard_size=4, **kw)
+    (_, a), (_, b) = load_corpus(tmp_path / "a"), load_corpus(tmp_path / "b")
+    assert [s.prompt_index for s in a] == sorted(chosen) == [s.prompt_index for s in b]
+    assert [s.ids.tolist() for s in a] == [s.ids.tolist() for s in b]
+
+
 def test_build_corpus_slices_and_time_budget(tmp_path, monkeypatch):
     """Two slices (-n H, --first-prompt H) hold exactly the sequences of one whole corpus; a time budget
     stops before a shard that would overrun, leaves a loadable corpus, and the same call resumes it."""

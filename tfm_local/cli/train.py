@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="0 = greedy responses (default); T > 0 = tokens sampled from softmax(logits / T): other "
                         "responses to the same prompts (fit them with --soft-weight)")
     p.add_argument("--sample-seed", type=int, default=0, help="sampling seed (with --temperature; default 0)")
-    p.add_argument("--shard-size", type=int, default=512, help="prompts per shard (default 512)")
+    p.add_argument("--shard-size", type=int, default=512,
+                   help="prompts per shard (default 512; with --only: chosen prompts per shard)")
     p.add_argument("--device", default="auto", help="torch backend device (default cuda when available)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="torch backend dtype")
     p.add_argument("--batch-size", type=int, default=128, help="torch backend rows per batch (default 128)")

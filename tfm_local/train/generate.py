@@ -20,6 +20,7 @@ and resumes from the manifest's ``prompts_consumed``.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from pathlib import Path
@@ -80,6 +81,7 @@ class OnlyPrompts:
 
     def __init__(self, prompts: Prompts, ranks: set[int]):
         self.prompts, self.ranks, self.eog = prompts, ranks, prompts.eog
+        self.sorted = sorted(ranks)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -87,6 +89,21 @@ class OnlyPrompts:
     def get(self, rank: int) -> np.ndarray | None:
         """The prompt of ``rank`` when it is one of ``ranks``, else None."""
         return self.prompts.get(rank) if rank in self.ranks else None
+
+    def shard_end(self, start: int, total: int, shard_size: int) -> int:
+        """End rank (exclusive) of the shard from ``start`` that holds ``shard_size`` chosen ranks (or all
+        the chosen ranks left before ``total``): a sparse choice still fills the backend's batches (with
+        ranks ``start .. start + shard_size`` a 5% choice gave batches of ~28 prompts on the H200)."""
+        i = bisect.bisect_left(self.sorted, start)
+        return total if i + shard_size >= len(self.sorted) else min(total, self.sorted[i + shard_size])
+
+
+def shard_end(prompts, start: int, total: int, shard_size: int) -> int:
+    """End rank (exclusive) of ``build_corpus``'s shard from ``start``: ``shard_size`` ranks on, or for
+    prompts that choose their ranks (``OnlyPrompts``) as far as ``shard_size`` chosen ones."""
+    if hasattr(prompts, "shard_end"):
+        return prompts.shard_end(start, total, shard_size)
+    return min(start + shard_size, total)
 
 
 class LlamaBackend:
@@ -265,12 +282,13 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
     t0, longest = time.monotonic(), 0.0
     bar = tqdm(total=total, initial=min(start, total), desc=f"generate ({backend.name})", unit="prompt",
                disable=not progress)
-    for s in range(start, total, shard_size):
+    s = start
+    while s < total:
         if time_budget_s is not None and time.monotonic() - t0 + longest > time_budget_s:
             bar.write(f"time budget reached: stopped at prompt {s} of {total} (the same command resumes)")
             break
         t_shard = time.monotonic()
-        e = min(s + shard_size, total)
+        e = shard_end(prompts, s, total, shard_size)
         got = [(r, prompts.get(r)) for r in range(s, e)]
         ranks, ps = [r for r, p in got if p is not None], [p for _, p in got if p is not None]
         resp = backend.generate(ps, max_new, ranks) if ps else []
@@ -280,6 +298,7 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
         longest = max(longest, time.monotonic() - t_shard)
         bar.update(e - s)
         bar.set_postfix(seqs=m["counts"]["sequences"], tokens=m["counts"]["tokens"])
+        s = e
     bar.close()
     return m
 
