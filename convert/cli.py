@@ -1,6 +1,7 @@
 """``tfm-convert``: DFlash drafters to GGUF for llama.cpp.
 
     tfm-convert CHECKPOINT --target TARGET -o OUT.gguf [--outtype f16]
+    tfm-convert DRAFTER.gguf --target TARGET -o OUT.gguf --outtype q4_k   (requantize)
     tfm-convert --init-random --target TARGET -o OUT.gguf [--layers N] [--ffn N] [--seed S] [--hf-out DIR]
     tfm-convert --reduce DRAFTER.gguf --target TARGET -o OUT.gguf
                 (--corpus DIR... [--draft-vocab-size K] | --ids IDS.npy) [--save-ids IDS.npy]
@@ -27,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfm-convert",
         description="Convert a DFlash drafter (z-lab Hugging Face layout) to a GGUF that llama.cpp's "
                     "dflash architecture loads, or write a randomly initialised one.")
-    p.add_argument("checkpoint", nargs="?", help="checkpoint folder or hub id (owner/name)")
+    p.add_argument("checkpoint", nargs="?",
+                   help="checkpoint folder or hub id (owner/name), or a drafter GGUF to write again with --outtype")
     p.add_argument("--target", required=True, help="target GGUF path or model spec")
     p.add_argument("-o", "--out", type=Path, help="output GGUF")
     p.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16", help="tensor type (default f16)")

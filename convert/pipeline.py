@@ -1,6 +1,6 @@
 """The two conversions of tfm-convert, as library calls.
 
-``convert_checkpoint``: z-lab checkpoint + target GGUF → drafter GGUF.
+``convert_checkpoint``: z-lab checkpoint (or a drafter GGUF, ``requantize``) + target GGUF → drafter GGUF.
 ``init_random``: target GGUF → random drafter (GGUF and/or z-lab layout).
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .errors import ConvertError
 from .random_init import random_config, random_tensors
+from .read_drafter import read_drafter_gguf
 from .target_info import read_target_info
 from .validate import check_against_target, check_config, check_tensors
 from .writer import write_drafter_gguf
@@ -21,10 +22,10 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
     """Convert a DFlash checkpoint in the z-lab layout to a drafter GGUF for ``target``.
 
     Args:
-        checkpoint: checkpoint folder or hub id (``owner/name``).
+        checkpoint: checkpoint folder or hub id (``owner/name``), or a drafter GGUF (``requantize``).
         target: target GGUF path; its vocabulary and tokenizer are copied.
         out: output GGUF path (appears only when complete).
-        outtype: "f32", "f16", "bf16", "q8_0", "q5_0" or "q4_0".
+        outtype: a name of ``quant.OUTTYPES`` ("f16", "q8_0", "q4_0", "q4_k", ...).
 
     Returns:
         the output Path.
@@ -35,6 +36,8 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
             the target (width, vocabulary, mask token, target layers).
     """
     info = read_target_info(target)
+    if str(checkpoint).endswith(".gguf") and Path(checkpoint).is_file():
+        return requantize(checkpoint, info, out, outtype)
     folder = locate_checkpoint(str(checkpoint))
     config = read_config(folder)
     check_config(config)
@@ -74,3 +77,17 @@ def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None,
     hf = write_checkpoint(hf_out, config, tensors, hf_dtype) if hf_out is not None else None
     gguf_path = write_drafter_gguf(out, config, tensors, info, outtype) if out is not None else None
     return gguf_path, hf
+
+
+def requantize(drafter: str | os.PathLike, info, out: str | os.PathLike, outtype: str) -> Path:
+    """A drafter GGUF written again with ``outtype`` (as ``llama-quantize --allow-requantize``): its weights
+    dequantized (``read_drafter_gguf``), checked against the target ``info`` (``TargetInfo``) and encoded
+    anew. From a quantized file the new one carries both roundings: start from F16/BF16/Q8_0.
+
+    Raises:
+        ConvertError: unreadable drafter, or one that does not fit the target.
+    """
+    config, tensors = read_drafter_gguf(drafter, info.n_vocab, info.n_layer)
+    check_config(config)
+    check_against_target(config, info)
+    return write_drafter_gguf(out, config, tensors, info, outtype)

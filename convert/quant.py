@@ -2,10 +2,13 @@
 
 Rules: 1-D tensors (norm weights) stay F32; F16/BF16 apply to every matrix;
 the block types Q8_0, Q5_0 and Q4_0 (blocks of 32 values with one f16 scale;
-8.5, 5.5 and 4.5 bits per value) apply to matrices whose row length is a
-multiple of 32, the others fall back to F16. Q5_0/Q4_0 let a deeper drafter
-fit a size limit (a 3-layer drafter of the 1.5B target: ~36 MB in Q4_0).
-Quantisation is done by the ``gguf`` package (``gguf.quants``).
+8.5, 5.5 and 4.5 bits per value), IQ4_NL (blocks of 32, 4.5 bits, a non-linear
+grid) and Q4_K (super-blocks of 256 values with 6-bit sub-block scales and
+minimums, 4.5 bits) apply to matrices whose row length is a multiple of the
+block, the others fall back to F16. Q5_0 and the 4.5-bit types let a deeper
+drafter fit a size limit (a 3-layer drafter of the 1.5B target: ~36 MB).
+Quantisation is done by the ``gguf`` package (``gguf.quants``), Q4_K and IQ4_NL
+by ggml's own quantiser (``ggml_quant``).
 """
 from __future__ import annotations
 
@@ -14,16 +17,20 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
+from . import ggml_quant
+
 #: --outtype name → GGML type.
-OUTTYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q5_0": QT.Q5_0, "q4_0": QT.Q4_0}
+OUTTYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q5_0": QT.Q5_0, "q4_0": QT.Q4_0,
+            "q4_k": QT.Q4_K, "iq4_nl": QT.IQ4_NL}
 
 #: --outtype name → general.file_type.
 FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
               "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-              "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
+              "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+              "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S, "iq4_nl": gguf.LlamaFileType.MOSTLY_IQ4_NL}
 
 #: types quantised in blocks along the rows (the row length must be a multiple of the block)
-BLOCK_TYPES = (QT.Q8_0, QT.Q5_0, QT.Q4_0)
+BLOCK_TYPES = (QT.Q8_0, QT.Q5_0, QT.Q4_0) + ggml_quant.GGML_TYPES
 
 
 def tensor_type(shape: tuple[int, ...], outtype: str) -> QT:
@@ -46,5 +53,11 @@ def encoded_nbytes(shape: tuple[int, ...], qt: QT) -> int:
 
 
 def encode(a: np.ndarray, qt: QT) -> np.ndarray:
-    """Encode a float32 array as ``qt``: float32/float16 arrays, or uint8 bytes for BF16 and block types."""
+    """Encode a float32 array as ``qt``: float32/float16 arrays, or uint8 bytes for BF16 and block types.
+
+    Raises:
+        ConvertError: Q4_K / IQ4_NL without llama-cpp-python's ggml (``ggml_quant``).
+    """
+    if qt in ggml_quant.GGML_TYPES:
+        return ggml_quant.quantize(a, qt)
     return gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), qt)

@@ -147,12 +147,13 @@ def test_init_random_cli_options_and_seed(tmp_path, target):
 def _expected_type(shape, outtype):
     if len(shape) == 1:
         return gguf.GGMLQuantizationType.F32
-    if outtype in ("q8_0", "q5_0", "q4_0") and shape[-1] % 32:
+    qt = gguf.GGMLQuantizationType[outtype.upper()]
+    if outtype[0] in "qi" and shape[-1] % gguf.GGML_QUANT_SIZES[qt][0]:
         return gguf.GGMLQuantizationType.F16
-    return gguf.GGMLQuantizationType[outtype.upper()]
+    return qt
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_0"])
+@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_0", "q4_k", "iq4_nl"])
 def test_convert_outtypes_metadata_and_types(tmp_path, hf_ckpt, target, outtype):
     out = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", outtype)
     assert _files(tmp_path) == ["d.gguf"]
@@ -277,6 +278,78 @@ def test_block_types_values_within_quantisation_error(tmp_path, hf_ckpt, target,
         err = np.abs(deq - a).reshape(-1, 32)
         assert (err <= block_max * bound + 1e-3 * block_max).all()
     assert n_quant > 0
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A target and a drafter 256 wide: every matrix row is a whole Q4_K super-block."""
+    d = tmp_path_factory.mktemp("wide")
+    tgt = synth.write_tiny_target(d / "t.gguf", n_layer=N_LAYER, n_embd=256, n_ff=256, seed=4)
+    init_random(tgt, hf_out=d / "hf", layers=1, seed=6)
+    return tgt, d / "hf"
+
+
+@pytest.mark.parametrize("outtype", ["q4_k", "iq4_nl"])
+def test_ggml_quantised_types_load_and_beat_q4_0(tmp_path, lc, wide, outtype):
+    """Q4_K / IQ4_NL (ggml's quantiser, same 4.5 bits per value as Q4_0): every matrix has the type, the
+    bytes decode (gguf) closer to the float weights than Q4_0's, and llama.cpp drafts with the file
+    about as the f32 one does."""
+    target, hf = wide
+    _, tensors = _load_hf(hf)
+    out = convert_checkpoint(hf, target, tmp_path / "d.gguf", outtype)
+    q4 = {x.name: x for x in gguf.GGUFReader(convert_checkpoint(hf, target, tmp_path / "q4.gguf", "q4_0")).tensors}
+    qt = gguf.GGMLQuantizationType[outtype.upper()]
+    err, err_q4 = 0.0, 0.0
+    for x in gguf.GGUFReader(out).tensors:
+        a = tensors[next(n for n in tensors if gguf_name(n) == x.name)]
+        if a.ndim == 1:
+            continue
+        assert x.tensor_type == qt and x.n_bytes == q4[x.name].n_bytes
+        err += float(((gguf.quants.dequantize(np.asarray(x.data), qt).reshape(a.shape) - a) ** 2).sum())
+        y = q4[x.name]
+        err_q4 += float(((gguf.quants.dequantize(np.asarray(y.data), y.tensor_type).reshape(a.shape) - a) ** 2).sum())
+    assert 0 < err < 0.95 * err_q4
+    ref = convert_checkpoint(hf, target, tmp_path / "f32.gguf", "f32")
+    layers, mask, _ = _drafter_facts(lc, out)
+    feats = np.random.default_rng(1).standard_normal((4, len(layers) * 256)).astype(np.float32)
+    want = _draft(lc, target, ref, feats, [65] + [mask] * 15, 4)
+    got = _draft(lc, target, out, feats, [65] + [mask] * 15, 4)
+    assert np.isfinite(got).all() and np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.95
+
+
+def test_requantize_a_drafter_gguf(tmp_path, wide, target):
+    """tfm-convert DRAFTER.gguf --outtype q4_k: the F16 file's weights written as Q4_K (the same bytes as
+    from the checkpoint's, F16 rounding aside: checked against a conversion of the F16 values); a drafter
+    of another target is refused and nothing is written."""
+    tgt, hf = wide
+    f16 = convert_checkpoint(hf, tgt, tmp_path / "f16.gguf", "f16")
+    assert main([str(f16), "--target", str(tgt), "-o", str(tmp_path / "q.gguf"), "--outtype", "q4_k"]) == 0
+    cfg, ts = _load_hf(hf)
+    ts16 = {n: a.astype(np.float16).astype(np.float32) for n, a in ts.items()}
+    ref = convert_checkpoint(_copy_ckpt(hf, tmp_path / "ck16", tensors=ts16), tgt, tmp_path / "r.gguf", "q4_k")
+    got = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(tmp_path / "q.gguf").tensors}
+    want = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(ref).tensors}
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in got)
+    with pytest.raises(SystemExit) as ex:
+        main([str(f16), "--target", str(target), "-o", str(tmp_path / "bad.gguf"), "--outtype", "q4_k"])
+    assert ex.value.code == 2 and not (tmp_path / "bad.gguf").exists()
+
+
+def test_tfm_train_offers_every_outtype():
+    """tfm-train's --outtype choices (kept without importing gguf) are tfm-convert's."""
+    from tfm_convert.quant import OUTTYPES
+    from tfm_local.cli.train import _OUTTYPES
+
+    assert sorted(_OUTTYPES) == sorted(OUTTYPES)
+
+
+def test_ggml_quantise_refuses_rows_off_the_block():
+    from tfm_convert.ggml_quant import quantize
+
+    with pytest.raises(ValueError, match="multiple of 256"):
+        quantize(np.zeros((2, 96), np.float32), gguf.GGMLQuantizationType.Q4_K)
+    with pytest.raises(ValueError, match="not quantised by ggml"):
+        quantize(np.zeros((2, 256), np.float32), gguf.GGMLQuantizationType.Q4_0)
 
 
 def test_shared_embedding_copies_are_dropped(tmp_path, hf_ckpt, target):

@@ -14,7 +14,8 @@
 # --time-budget overrides FIT_MIN), FIT_AFTER0.. (a file the GPU's fit waits for), SKIP_GEN (corpora
 # already in ~/w/c0, c1, ...), GEN_PREFIX (slice folders ~/w/<prefix><g>, default c), GEN_OPTS (extra
 # data options, e.g. "--temperature 0.8 --sample-seed 1"), CORPORA_EXTRA (more corpus folders for the fit),
-# FIT_DDP (non-empty: one data-parallel fit over the GPUs of FIT_GPUS through torchrun, options FIT0, in run0).
+# FIT_DDP (non-empty: one data-parallel fit over the GPUs of FIT_GPUS through torchrun, options FIT0, in run0),
+# PACK_TYPES (the GGUF types exported and packed, default "q4_0 q8_0").
 set -uo pipefail
 . ~/env.sh
 mkdir -p ${ST:-~/st}
@@ -40,7 +41,7 @@ echo "$(date +%T) corpus done: ${corpora[*]}"; touch ${ST:-~/st}/gen.done
 # the corpus comes back in 16 MiB pieces (a later session can carry it up instead of generating it)
 [ -z "${SKIP_GEN:-}" ] && mkdir -p ${ST:-~/st}/corpus && tar cf - -C ~/w $(cd ~/w && ls -d ${GEN_PREFIX:-c}[0-9]*) | split -b 16M -d -a 2 - ${ST:-~/st}/corpus/c.tar.
 fit_args=(--corpus "${corpora[@]}" --target $T --init-from "$INIT" --anchors 48 --batch-tokens 16384 --epochs 40
-  --save-every 100000 --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype q4_0 q8_0)
+  --save-every 100000 --time-budget "$FIT_MIN" --holdout 256 --eval-every 250 --outtype ${PACK_TYPES:-q4_0 q8_0})
 if [ -n "${FIT_DDP:-}" ]; then  # one data-parallel fit over the GPUs of FIT_GPUS (torchrun), options FIT0, into run0
   gpus=(${FIT_GPUS:-$(seq 0 $((NGPU - 1)))})
   t_start=$SECONDS
