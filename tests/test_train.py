@@ -634,6 +634,20 @@ def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch
             drafter_config(target, 1, 32), progress=False)
 
 
+def test_fit_from_init_scores_the_starting_point(smoke, tmp_path):
+    """--init-from with held-out sequences: the log holds the source's held-out score at step 0 (before any
+    step), then every eval_every steps; with lr 0 both scores are the same weights' (the step-0 one is real)."""
+    from tfm_local.train.fit import fit
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    opts = FitOptions(**{**_opts(3).__dict__, "holdout": 3, "eval_every": 3, "lr": 0.0})
+    fit(corpus, target, tmp_path / "w", opts, None, progress=False, init_from=smoke.paths["hf"])
+    lines = [json.loads(x) for x in (tmp_path / "w" / "log.jsonl").read_text().splitlines()]
+    held = [x for x in lines if "heldout_loss" in x]
+    assert [x["step"] for x in held] == [0, 3]
+    assert held[0]["heldout_loss"] == pytest.approx(held[1]["heldout_loss"], rel=1e-5)  # lr 0: unchanged
+
+
 def test_fit_emphasis_repeats_named_training_sequences_never_held_out_ones(smoke, tmp_path, monkeypatch):
     """--emphasis naming every prompt with --emphasis-times 3: each training sequence is planned three
     times per epoch, the held-out ones still never; the log's first line counts them; resuming without

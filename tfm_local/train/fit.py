@@ -351,6 +351,10 @@ def _train(run: _Run, progress: bool) -> None:
         if run.opts.emphasis and not run.n_emphasised and comm.main:
             print(f"warning: no training sequence is of a prompt of {run.opts.emphasis}: nothing is repeated",
                   file=sys.stderr)
+    if new_run and run.init_record and run.eval_set:  # the starting point's held-out score (e.g. a q4_0 GGUF's)
+        held = run.evaluate(weights)
+        write({"step": 0, **held})
+        bar.write(f"step 0 (--init-from): held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}")
     budget = (TimeBudget(opts.time_budget_s, t0, run.step, run.total, opts.save_every)
               if opts.time_budget_s is not None and comm.main else None)
     try:
