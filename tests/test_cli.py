@@ -228,3 +228,22 @@ def test_write_json_is_atomic(tmp_path):
     assert json.loads(out.read_text()) == {"a": 1} and not (tmp_path / "r.json.part").exists()
     write_json(str(out), {"b": [1, 2]})
     assert json.loads(out.read_text()) == {"b": [1, 2]}
+
+
+def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
+    """tfm-bench-replay on tfm-bench's own JSON, same drafter: the chain's steps and tokens of the run;
+    a missing file or set is a clear error."""
+    _, out, _ = bench_run
+    _, drafter = pair
+    rj = tmp_path / "replay.json"
+    r = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), "--json", str(rj))
+    assert r.returncode == 0, r.stderr
+    chain = [x for x in json.loads(out.read_text())["runs"] if x["mode"] == "chain"]
+    got = json.loads(rj.read_text())
+    assert [(x["prompt_id"], x["n_steps"], x["n_step_tokens"]) for x in got["runs"]] == \
+        [(x["prompt_id"], x["n_steps"], x["n_step_tokens"]) for x in chain]
+    assert got["summary"][0]["set"] == "gsm8k" and "gsm8k" in r.stdout.splitlines()[1]
+    bad = run("tfm_local.cli.bench_replay", "--from", str(tmp_path / "none.json"), "--drafter", str(drafter))
+    assert bad.returncode == 2 and "cannot use --from" in bad.stderr and "Traceback" not in bad.stderr
+    bad = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), "--sets", "humaneval")
+    assert bad.returncode == 2 and "no recorded outputs for humaneval" in bad.stderr
