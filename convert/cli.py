@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConvertError
-from .quant import OUTTYPES
+from .quant import OUTTYPES, parse_tensor_types
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="target GGUF path or model spec")
     p.add_argument("-o", "--out", type=Path, help="output GGUF")
     p.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16", help="tensor type (default f16)")
+    p.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
+                   help="the type of the tensors whose GGUF name matches REGEX (e.g. 'ffn_down|fc=q6_k'; "
+                        "repeatable, the first match wins), as llama-quantize's --tensor-type")
     r = p.add_argument_group("random initialisation")
     r.add_argument("--init-random", action="store_true", help="write a randomly initialised drafter")
     r.add_argument("--layers", type=int, default=1, help="decoder layers (default 1)")
@@ -89,8 +92,8 @@ def run(args: argparse.Namespace) -> str:
     if args.reduce or args.corpus or args.ids or args.save_ids:
         return run_draft_vocab(args, target)
     if args.init_random:
-        if args.checkpoint:
-            raise ConvertError("--init-random takes no CHECKPOINT")
+        if args.checkpoint or args.tensor_type:
+            raise ConvertError("--init-random takes no CHECKPOINT and no --tensor-type")
         out, hf = init_random(target, args.out, hf_out=args.hf_out, layers=args.layers, ffn=args.ffn,
                               seed=args.seed, outtype=args.outtype, mask_token=args.mask_token)
         return "wrote " + " and ".join(str(p) for p in (out, hf) if p is not None)
@@ -98,7 +101,11 @@ def run(args: argparse.Namespace) -> str:
         raise ConvertError("give a CHECKPOINT to convert, or --init-random")
     if args.out is None:
         raise ConvertError("give the output GGUF with -o OUT.gguf")
-    return f"wrote {convert_checkpoint(args.checkpoint, target, args.out, args.outtype)}"
+    try:
+        types = parse_tensor_types(args.tensor_type)
+    except ValueError as e:
+        raise ConvertError(str(e)) from None
+    return f"wrote {convert_checkpoint(args.checkpoint, target, args.out, args.outtype, types)}"
 
 
 def run_draft_vocab(args: argparse.Namespace, target: Path) -> str:

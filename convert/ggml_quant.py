@@ -1,6 +1,6 @@
 """Quantisation by ggml itself, for the types the ``gguf`` package cannot encode (K-quants, IQ4_NL).
 
-``gguf.quants`` encodes Q8_0, Q5_0 and Q4_0 in numpy but only decodes Q4_K and IQ4_NL; llama.cpp's own
+``gguf.quants`` encodes Q8_0, Q5_0 and Q4_0 in numpy but only decodes the K-quants and IQ4_NL; llama.cpp's own
 quantiser (``ggml_quantize_chunk`` in ggml/src/ggml.c, the function llama-quantize calls per tensor) is
 exported by ``libggml-base``, which the llama-cpp-python build ships beside ``libllama``. It is bound
 here through cffi (ABI mode) and opened by soname after ``llama_cpp`` has loaded the library, so the
@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from .errors import ConvertError
 
 #: types encoded by ggml here (the others by gguf.quants)
-GGML_TYPES = (QT.Q4_K, QT.IQ4_NL)
+GGML_TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL)
 
 _CDEF = """
 size_t ggml_quantize_chunk(int type, const float * src, void * dst, int64_t start, int64_t nrows,
@@ -51,7 +51,7 @@ def quantize(a: np.ndarray, qt: QT) -> np.ndarray:
         uint8 array of shape ``gguf.quant_shape_to_byte_shape(a.shape, qt)`` (the bytes llama.cpp reads).
     Raises:
         ValueError: ``qt`` not in ``GGML_TYPES``, or a row length that is not a multiple of its block
-            (256 values for Q4_K, 32 for IQ4_NL).
+            (256 values for the K-quants, 32 for IQ4_NL).
         ConvertError: ggml's quantiser is not available.
     """
     if qt not in GGML_TYPES:

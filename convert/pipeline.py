@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import ConvertError
@@ -18,7 +19,8 @@ from .zlab import index_tensors, locate_checkpoint, read_config, write_checkpoin
 
 
 def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
-                       out: str | os.PathLike, outtype: str = "f16") -> Path:
+                       out: str | os.PathLike, outtype: str = "f16",
+                       tensor_types: Sequence[tuple[str, str]] = ()) -> Path:
     """Convert a DFlash checkpoint in the z-lab layout to a drafter GGUF for ``target``.
 
     Args:
@@ -26,6 +28,7 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
         target: target GGUF path; its vocabulary and tokenizer are copied.
         out: output GGUF path (appears only when complete).
         outtype: a name of ``quant.OUTTYPES`` ("f16", "q8_0", "q4_0", "q4_k", ...).
+        tensor_types: per-tensor types by GGUF name (``writer.write_drafter_gguf``).
 
     Returns:
         the output Path.
@@ -37,14 +40,14 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
     """
     info = read_target_info(target)
     if str(checkpoint).endswith(".gguf") and Path(checkpoint).is_file():
-        return requantize(checkpoint, info, out, outtype)
+        return requantize(checkpoint, info, out, outtype, tensor_types)
     folder = locate_checkpoint(str(checkpoint))
     config = read_config(folder)
     check_config(config)
     tensors = index_tensors(folder)
     check_tensors({n: t.shape for n, t in tensors.items()}, config.dims)
     check_against_target(config, info)
-    return write_drafter_gguf(out, config, tensors, info, outtype)
+    return write_drafter_gguf(out, config, tensors, info, outtype, tensor_types=tensor_types)
 
 
 def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None, *,
@@ -79,7 +82,8 @@ def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None,
     return gguf_path, hf
 
 
-def requantize(drafter: str | os.PathLike, info, out: str | os.PathLike, outtype: str) -> Path:
+def requantize(drafter: str | os.PathLike, info, out: str | os.PathLike, outtype: str,
+               tensor_types: Sequence[tuple[str, str]] = ()) -> Path:
     """A drafter GGUF written again with ``outtype`` (as ``llama-quantize --allow-requantize``): its weights
     dequantized (``read_drafter_gguf``), checked against the target ``info`` (``TargetInfo``) and encoded
     anew. From a quantized file the new one carries both roundings: start from F16/BF16/Q8_0.
@@ -90,4 +94,4 @@ def requantize(drafter: str | os.PathLike, info, out: str | os.PathLike, outtype
     config, tensors = read_drafter_gguf(drafter, info.n_vocab, info.n_layer)
     check_config(config)
     check_against_target(config, info)
-    return write_drafter_gguf(out, config, tensors, info, outtype)
+    return write_drafter_gguf(out, config, tensors, info, outtype, tensor_types=tensor_types)

@@ -12,7 +12,7 @@ Tensors: ``fc``, ``enc.output_norm``, ``output_norm`` and ``blk.N.*``; no
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import gguf
 
 from .atomic import atomic_output
 from .layout import SHARED_NAMES, expected_shapes, gguf_name
-from .quant import FILE_TYPES, OUTTYPES, encode, encoded_nbytes, tensor_type
+from .quant import FILE_TYPES, OUTTYPES, encode, encoded_nbytes, outtype_of, tensor_type
 from .target_info import MASK_TOKEN_KEY, TargetInfo
 from .zlab import DFlashConfig
 
@@ -31,7 +31,8 @@ QT = gguf.GGMLQuantizationType
 
 
 def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Mapping[str, Any],
-                       target: TargetInfo, outtype: str = "f16", name: str | None = None) -> Path:
+                       target: TargetInfo, outtype: str = "f16", name: str | None = None,
+                       tensor_types: Sequence[tuple[str, str]] = ()) -> Path:
     """Write the drafter GGUF; the file appears only when complete.
 
     Args:
@@ -42,9 +43,11 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
             the names must be exactly ``layout.expected_shapes`` (plus
             optional shared copies, which are dropped).
         target: the target's facts; its tokenizer is copied.
-        outtype: "f32", "f16", "bf16", "q8_0", "q5_0" or "q4_0" (norms stay F32; block types fall
-            back to F16 for rows not a multiple of 32).
+        outtype: a name of ``quant.OUTTYPES`` (norms stay F32; block types fall back to F16 for rows
+            not a multiple of their block).
         name: ``general.name`` (default: the output file stem).
+        tensor_types: ``(regex, outtype)`` pairs (``quant.parse_tensor_types``): a tensor whose GGUF
+            name contains a regex's match gets the first such pair's type instead of ``outtype``.
 
     Returns:
         the output Path.
@@ -52,15 +55,18 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
     Raises:
         ValueError: unknown outtype. OSError: the destination cannot be written.
     """
-    if outtype not in OUTTYPES:
-        raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, got {outtype!r}")
+    for t in [outtype] + [t for _, t in tensor_types]:
+        if t not in OUTTYPES:
+            raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, got {t!r}")
     out = Path(out)
     order = [n for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
     with atomic_output(out) as tmp:
         w = gguf.GGUFWriter(str(tmp), ARCH)
         try:
             add_metadata(w, config, target, outtype, name or out.stem)
-            plan = [(n, tuple(tensors[n].shape), tensor_type(tuple(tensors[n].shape), outtype)) for n in order]
+            plan = [(n, tuple(tensors[n].shape),
+                     tensor_type(tuple(tensors[n].shape), outtype_of(gguf_name(n), outtype, tensor_types)))
+                    for n in order]
             for n, shape, qt in plan:
                 _add_info(w, gguf_name(n), shape, qt)
             w.write_header_to_file()

@@ -622,3 +622,34 @@ def test_random_drafter_drafts_from_real_target_features(tmp_path, lc):
         lc.llama_free(tctx)
         lc.llama_model_free(dmodel)
         lc.llama_model_free(tmodel)
+
+
+def test_tensor_types_pick_a_type_per_tensor(tmp_path, wide):
+    """--tensor-type REGEX=TYPE: the matching tensors take TYPE (first match wins), the rest --outtype;
+    Q6_K's bytes decode closer to the weights than Q4_K's; a bad spec is a clear error, nothing written."""
+    tgt, hf = wide
+    out = tmp_path / "mix.gguf"
+    assert main([str(hf), "--target", str(tgt), "-o", str(out), "--outtype", "q4_k",
+                 "--tensor-type", "ffn_down=q6_k", "--tensor-type", "ffn_=q5_k"]) == 0
+    kinds = {x.name: x.tensor_type.name for x in gguf.GGUFReader(out).tensors if len(x.shape) > 1}
+    assert {k for k, v in kinds.items() if v == "Q6_K"} == {k for k in kinds if "ffn_down" in k} != set()
+    assert {k for k, v in kinds.items() if v == "Q5_K"} == {k for k in kinds if "ffn_gate" in k or "ffn_up" in k}
+    assert {v for k, v in kinds.items() if "ffn_" not in k} == {"Q4_K"}
+    for spec in ("ffn_down", "ffn=q9_9", "ffn[=q6_k"):
+        with pytest.raises(SystemExit):
+            main([str(hf), "--target", str(tgt), "-o", str(tmp_path / "bad.gguf"), "--tensor-type", spec])
+        assert not (tmp_path / "bad.gguf").exists()
+    from tfm_convert.quant import parse_tensor_types
+    for spec, msg in (("ffn_down", "REGEX=TYPE"), ("ffn=q9_9", "not one of"), ("ffn[=q6_k", "regular expression")):
+        with pytest.raises(ValueError, match=msg):
+            parse_tensor_types([spec])
+
+
+def test_k_quant_errors_shrink_with_bits():
+    """ggml's Q4_K, Q5_K, Q6_K of the same rows: each more bits, less error (gguf decodes them)."""
+    from tfm_convert.ggml_quant import quantize
+
+    a = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
+    errs = [float(np.abs(gguf.quants.dequantize(quantize(a, qt), qt) - a).mean())
+            for qt in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)]
+    assert errs[0] > 1.5 * errs[1] > 0 and errs[1] > 1.5 * errs[2] > 0
