@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from .errors import ConvertError
 
 #: types encoded by ggml here (the others by gguf.quants)
-GGML_TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL)
+GGML_TYPES = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL)
 
 _CDEF = """
 size_t ggml_quantize_chunk(int type, const float * src, void * dst, int64_t start, int64_t nrows,

@@ -3,8 +3,8 @@
 Rules: 1-D tensors (norm weights) stay F32; F16/BF16 apply to every matrix;
 the block types Q8_0, Q5_0 and Q4_0 (blocks of 32 values with one f16 scale;
 8.5, 5.5 and 4.5 bits per value), IQ4_NL (blocks of 32, 4.5 bits, a non-linear
-grid) and the K-quants Q4_K, Q5_K, Q6_K (super-blocks of 256 values with
-sub-block scales; 4.5, 5.5 and 6.56 bits) apply to matrices whose row length is a multiple of the
+grid) and the K-quants Q2_K … Q6_K (super-blocks of 256 values with
+sub-block scales; 2.63, 3.44, 4.5, 5.5 and 6.56 bits) apply to matrices whose row length is a multiple of the
 block, the others fall back to F16. Q5_0 and the 4.5-bit types let a deeper
 drafter fit a size limit (a 3-layer drafter of the 1.5B target: ~36 MB).
 Quantisation is done by the ``gguf`` package (``gguf.quants``), the K-quants and IQ4_NL
@@ -25,12 +25,14 @@ from . import ggml_quant
 
 #: --outtype name → GGML type.
 OUTTYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q5_0": QT.Q5_0, "q4_0": QT.Q4_0,
-            "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K, "iq4_nl": QT.IQ4_NL}
+            "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
+            "iq4_nl": QT.IQ4_NL}
 
 #: --outtype name → general.file_type.
 FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
               "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
               "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+              "q2_k": gguf.LlamaFileType.MOSTLY_Q2_K, "q3_k": gguf.LlamaFileType.MOSTLY_Q3_K_S,
               "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S, "q5_k": gguf.LlamaFileType.MOSTLY_Q5_K_S,
               "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K, "iq4_nl": gguf.LlamaFileType.MOSTLY_IQ4_NL}
 

@@ -264,7 +264,7 @@ def cmd_smoke(args) -> None:
         raise SystemExit(1)
 
 
-_OUTTYPES = ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_0", "q4_k", "q5_k", "q6_k", "iq4_nl"]  # tfm_convert.quant.OUTTYPES
+_OUTTYPES = ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl"]  # tfm_convert.quant.OUTTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
