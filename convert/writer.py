@@ -12,6 +12,7 @@ Tensors: ``fc``, ``enc.output_norm``, ``output_norm`` and ``blk.N.*``; no
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import gguf
 
 from .atomic import atomic_output
+from .errors import ConvertError
 from .layout import SHARED_NAMES, expected_shapes, gguf_name
 from .quant import FILE_TYPES, OUTTYPES, encode, encoded_nbytes, outtype_of, tensor_type
 from .target_info import MASK_TOKEN_KEY, TargetInfo
@@ -58,6 +60,11 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
     for t in [outtype] + [t for _, t in tensor_types]:
         if t not in OUTTYPES:
             raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, got {t!r}")
+    names = [gguf_name(n) for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
+    unmatched = [p for p, _ in tensor_types if not any(outtype_of(g, "", [(p, "x")]) for g in names)]
+    if unmatched:
+        raise ConvertError(f"--tensor-type {unmatched[0]!r} matches no tensor of this drafter "
+                           f"(names like {names[0]!r}, {names[-1]!r})")
     out = Path(out)
     order = [n for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
     with atomic_output(out) as tmp:
@@ -67,6 +74,7 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
             plan = [(n, tuple(tensors[n].shape),
                      tensor_type(tuple(tensors[n].shape), outtype_of(gguf_name(n), outtype, tensor_types)))
                     for n in order]
+            _note_fallbacks(plan, outtype, tensor_types)
             for n, shape, qt in plan:
                 _add_info(w, gguf_name(n), shape, qt)
             w.write_header_to_file()
@@ -111,6 +119,15 @@ def _add_info(w: gguf.GGUFWriter, name: str, shape: tuple[int, ...], qt: QT) -> 
         w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == QT.F32 else np.float16), encoded_nbytes(shape, qt))
     else:
         w.add_tensor_info(name, shape, np.dtype(np.float32), encoded_nbytes(shape, qt), raw_dtype=qt)
+
+
+def _note_fallbacks(plan, outtype: str, tensor_types) -> None:
+    """Say on stderr which matrices could not take their block type (rows not a multiple of its block)."""
+    fell = [gguf_name(n) for n, shape, qt in plan
+            if len(shape) > 1 and qt == QT.F16 and OUTTYPES[outtype_of(gguf_name(n), outtype, tensor_types)] != QT.F16]
+    if fell:
+        print(f"note: {len(fell)} matrices stay F16, their rows not a multiple of the type's block "
+              f"(e.g. {fell[0]})", file=sys.stderr)
 
 
 def _load(t: Any) -> np.ndarray:

@@ -247,3 +247,5 @@ def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
     assert bad.returncode == 2 and "cannot use --from" in bad.stderr and "Traceback" not in bad.stderr
     bad = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), "--sets", "humaneval")
     assert bad.returncode == 2 and "no recorded outputs for humaneval" in bad.stderr
+    bad = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), str(tmp_path / "no.gguf"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "no.gguf" in bad.stderr

@@ -639,6 +639,9 @@ def test_tensor_types_pick_a_type_per_tensor(tmp_path, wide):
         with pytest.raises(SystemExit):
             main([str(hf), "--target", str(tgt), "-o", str(tmp_path / "bad.gguf"), "--tensor-type", spec])
         assert not (tmp_path / "bad.gguf").exists()
+    with pytest.raises(SystemExit):  # a pattern matching no tensor is a mistake, not a no-op
+        main([str(hf), "--target", str(tgt), "-o", str(tmp_path / "bad.gguf"), "--tensor-type", "ffn_dwon=q6_k"])
+    assert not (tmp_path / "bad.gguf").exists()
     from tfm_convert.quant import parse_tensor_types
     for spec, msg in (("ffn_down", "REGEX=TYPE"), ("ffn=q9_9", "not one of"), ("ffn[=q6_k", "regular expression")):
         with pytest.raises(ValueError, match=msg):

@@ -58,12 +58,18 @@ def main(argv=None) -> None:
     try:
         bench = json.loads(Path(args.bench).read_text())
         outputs = recorded_outputs(bench, args.sets.split(",") if args.sets else None, args.n_prompts)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         fail(f"cannot use --from {args.bench}: {e}")
     target = args.target or bench.get("target")
     if not target:
         fail("--from names no target: give --target")
-    runs = replay_all(args, target, outputs, int(bench.get("max_tokens") or 256))
+    from ..llm import LlamaError
+    from ..models import ModelError
+
+    try:
+        runs = replay_all(args, target, outputs, int(bench.get("max_tokens") or 256))
+    except (ModelError, LlamaError, ValueError, OSError) as e:  # DrafterMismatchError is a ValueError
+        fail(str(e))
     table = summarize(runs)
     print_table(table)
     if args.json:
@@ -80,18 +86,21 @@ def replay_all(args, target: str, outputs: dict, max_tokens: int) -> list[dict]:
 
     engine = Engine(target, None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
     tgt = engine.target
+    paths = [resolve_drafter(spec, Path(tgt.model.path), args.draft_vocab) for spec in args.drafter]  # all first
+    for path in paths:  # each one opens and fits the target before any work
+        DFlashDrafter(path, tgt, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers).close()
     cache: dict[tuple, list] = {}  # the sequences' features per set of feature layers
     runs = []
-    for spec in args.drafter:
-        dft = DFlashDrafter(resolve_drafter(spec, Path(tgt.model.path), args.draft_vocab), tgt,
-                            n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    for spec, path in zip(args.drafter, paths):
+        dft = DFlashDrafter(path, tgt, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
         try:
             key = tuple(dft.layers)  # the DFlashDrafter set these feature layers on the target
             if key not in cache:
                 cache[key] = list(_sequences(engine, outputs))
             for s, pid, n_prompt, out, feats in cache[key]:
                 r = replay_chain(dft, feats, n_prompt, out, max_tokens)
-                runs.append({"drafter": spec, "set": s, "prompt_id": pid, "mode": "chain", "n_steps": r.n_steps,
+                runs.append({"drafter": spec, "file": str(path), "set": s, "prompt_id": pid, "mode": "chain",
+                             "n_steps": r.n_steps,
                              "n_step_tokens": r.n_step_tokens, "tau": r.tau, "accepted": r.accepted})
         finally:
             dft.close()
