@@ -63,7 +63,7 @@ def encode(a: np.ndarray, qt: QT) -> np.ndarray:
     """Encode a float32 array as ``qt``: float32/float16 arrays, or uint8 bytes for BF16 and block types.
 
     Raises:
-        ConvertError: Q4_K / IQ4_NL without llama-cpp-python's ggml (``ggml_quant``).
+        ConvertError: a K-quant or IQ4_NL without llama-cpp-python's ggml (``ggml_quant``).
     """
     if qt in ggml_quant.GGML_TYPES:
         return ggml_quant.quantize(a, qt)

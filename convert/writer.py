@@ -12,6 +12,7 @@ Tensors: ``fc``, ``enc.output_norm``, ``output_norm`` and ``blk.N.*``; no
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,13 +61,13 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
     for t in [outtype] + [t for _, t in tensor_types]:
         if t not in OUTTYPES:
             raise ValueError(f"outtype must be one of {sorted(OUTTYPES)}, got {t!r}")
-    names = [gguf_name(n) for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
-    unmatched = [p for p, _ in tensor_types if not any(outtype_of(g, "", [(p, "x")]) for g in names)]
+    order = [n for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
+    names = [gguf_name(n) for n in order]
+    unmatched = [p for p, _ in tensor_types if not any(re.search(p, g) for g in names)]
     if unmatched:
         raise ConvertError(f"--tensor-type {unmatched[0]!r} matches no tensor of this drafter "
                            f"(names like {names[0]!r}, {names[-1]!r})")
     out = Path(out)
-    order = [n for n in expected_shapes(config.dims) if n not in SHARED_NAMES]
     with atomic_output(out) as tmp:
         w = gguf.GGUFWriter(str(tmp), ARCH)
         try:

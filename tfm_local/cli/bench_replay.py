@@ -86,25 +86,28 @@ def replay_all(args, target: str, outputs: dict, max_tokens: int) -> list[dict]:
 
     engine = Engine(target, None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
     tgt = engine.target
-    paths = [resolve_drafter(spec, Path(tgt.model.path), args.draft_vocab) for spec in args.drafter]  # all first
-    for path in paths:  # each one opens and fits the target before any work
-        DFlashDrafter(path, tgt, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers).close()
-    cache: dict[tuple, list] = {}  # the sequences' features per set of feature layers
-    runs = []
-    for spec, path in zip(args.drafter, paths):
-        dft = DFlashDrafter(path, tgt, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
-        try:
-            key = tuple(dft.layers)  # the DFlashDrafter set these feature layers on the target
+    drafters = []  # every drafter opens (and is checked against the target) before any replay
+    try:
+        for spec in args.drafter:
+            path = resolve_drafter(spec, Path(tgt.model.path), args.draft_vocab)
+            drafters.append((spec, path, DFlashDrafter(path, tgt, n_threads=args.threads,
+                                                       n_gpu_layers=args.n_gpu_layers)))
+        cache: dict[tuple, list] = {}  # the sequences' features per set of feature layers
+        runs = []
+        for spec, path, dft in drafters:
+            key = tuple(dft.layers)
             if key not in cache:
+                tgt.set_features(dft.layers)  # the last drafter opened set its own
                 cache[key] = list(_sequences(engine, outputs))
             for s, pid, n_prompt, out, feats in cache[key]:
                 r = replay_chain(dft, feats, n_prompt, out, max_tokens)
                 runs.append({"drafter": spec, "file": str(path), "set": s, "prompt_id": pid, "mode": "chain",
-                             "n_steps": r.n_steps,
-                             "n_step_tokens": r.n_step_tokens, "tau": r.tau, "accepted": r.accepted})
-        finally:
+                             "n_steps": r.n_steps, "n_step_tokens": r.n_step_tokens, "tau": r.tau,
+                             "accepted": r.accepted})
+        return runs
+    finally:
+        for _, _, dft in drafters:
             dft.close()
-    return runs
 
 
 def _sequences(engine, outputs: dict):
