@@ -1063,7 +1063,7 @@ def _head_runs(soft_weight: float):
     ht = torch.randn(23, 8, generator=g, requires_grad=True)
     labels = torch.randint(0, 50, (23,), generator=g)
     w = torch.rand(23, generator=g)
-    soft = (ht, soft_weight) if soft_weight > 0 else None
+    soft = (ht, torch.full((23,), soft_weight)) if soft_weight > 0 else None
     results = []
     for chunk in (1000, 5):
         h.grad = None

@@ -15,7 +15,8 @@
 # already in ~/w/c0, c1, ...), GEN_PREFIX (slice folders ~/w/<prefix><g>, default c), GEN_OPTS (extra
 # data options, e.g. "--temperature 0.8 --sample-seed 1"), CORPORA_EXTRA (more corpus folders for the fit),
 # FIT_DDP (non-empty: one data-parallel fit over the GPUs of FIT_GPUS through torchrun, options FIT0, in run0),
-# PACK_TYPES (the GGUF types exported and packed, default "q4_0 q8_0").
+# PACK_TYPES (the GGUF types exported and packed, default "q4_0 q8_0"), REFERENCE (non-empty: also a corpus of
+# ShareGPT's own replies from PROMPTS, made with `prompts --replies`, in ~/w/r0, first in the fit's list).
 set -uo pipefail
 . ~/env.sh
 mkdir -p ${ST:-~/st}
@@ -26,6 +27,11 @@ N=$(python3 -c "from tfm_local.train.prompts import PromptFile; print(len(Prompt
 S=$(( (N + NGPU - 1) / NGPU ))
 echo "$(date +%T) $N prompts, $NGPU slices of $S"
 corpora=()
+if [ -n "${REFERENCE:-}" ]; then  # no model runs: the replies are in the prompt file (CPU, alongside the generation)
+  corpora+=(~/w/r0)
+  python3 -m tfm_local.cli.train data --backend reference --target $T --prompts "$PROMPTS" --out ~/w/r0 \
+    --max-new-tokens "$MAXNEW" > ${ST:-~/st}/ref.log 2>&1 || touch ${ST:-~/st}/gen-ref.failed &
+fi
 for g in $(seq 0 $((NGPU - 1))); do
   corpora+=(~/w/${GEN_PREFIX:-c}$g)
   [ -n "${SKIP_GEN:-}" ] && continue  # a generation started earlier: wait for it below

@@ -62,20 +62,24 @@ def _selection(args):
 def cmd_prompts(args) -> None:
     """``tfm-train prompts``: select, tokenize and save the prompts."""
     from tfm_local.train.corpus import target_identity
-    from tfm_local.train.prompts import ChatTokenizer, PromptFile, select_prompts, tokenize_prompts
+    from tfm_local.train.prompts import ChatTokenizer, PromptFile, reply_ids, select_pairs, tokenize_prompts
 
     target, sel = _target(args.target), _selection(args)
-    texts = select_prompts(sel)[: args.n_prompts]
+    pairs = select_pairs(sel)[: args.n_prompts]
     tok = ChatTokenizer(target)
     try:
-        ids = tokenize_prompts(texts, tok, args.max_prompt_tokens, progress=True)
+        ids = tokenize_prompts([p for p, _ in pairs], tok, args.max_prompt_tokens, progress=True)
+        replies = reply_ids(pairs, ids, tok, args.max_reply_tokens) if args.replies else None
         meta = {"selection": sel.to_dict(), "target": target_identity(target),
                 "max_prompt_tokens": args.max_prompt_tokens}
-        PromptFile(ids, tok.eog_ids(), meta).save(args.out)
+        PromptFile(ids, tok.eog_ids(), meta, replies).save(args.out)
     finally:
         tok.close()
     kept = sum(x is not None for x in ids)
     print(f"{args.out}: {kept} prompts kept of {len(ids)} ({len(ids) - kept} over {args.max_prompt_tokens} tokens)")
+    if replies is not None:
+        print(f"{args.out}: {sum(r is not None for r in replies)} ShareGPT replies kept "
+              f"({sum(len(r) for r in replies if r is not None)} tokens)")
 
 
 def cmd_emphasis(args) -> None:
@@ -110,14 +114,19 @@ def _prompt_source(args, target):
 
 def cmd_data(args) -> None:
     """``tfm-train data``: generate (or resume) the corpus."""
-    from tfm_local.train.generate import LlamaBackend, TorchBackend, build_corpus
+    from tfm_local.train.generate import LlamaBackend, ReferenceBackend, TorchBackend, build_corpus
 
+    if args.backend == "reference" and not args.prompts:
+        raise SystemExit("tfm-train data: --backend reference needs --prompts FILE made with `prompts --replies`")
     target = _target(args.target)
     prompts, sel, max_prompt = _prompt_source(args, target)
+    pf = getattr(prompts, "pf", None)  # the prompt file (--prompts), before any --only choice
     only = None
     if args.only:
         prompts, only = _only_prompts(prompts, args.only, sel, max_prompt)
-    if args.backend == "torch":
+    if args.backend == "reference":
+        backend = ReferenceBackend(pf)
+    elif args.backend == "torch":
         backend = TorchBackend(target, prompts.eog, _device(args.device), args.dtype, args.batch_size,
                                args.temperature, args.sample_seed)
     else:
@@ -168,6 +177,7 @@ def _fit_options(args):
                       save_every=args.save_every, max_steps=args.max_steps, log_every=args.log_every,
                       time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget,
                       holdout=args.holdout, eval_every=args.eval_every, soft_weight=args.soft_weight,
+                      reference_weight=args.reference_weight,
                       emphasis=args.emphasis, emphasis_times=_emphasis_times(args))
 
 
@@ -278,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="target GGUF (path or built-in name)")
     p.add_argument("--out", required=True, help="output .npz")
     p.add_argument("-n", "--n-prompts", type=int, default=None, help="first N of the shuffled selection (default all)")
+    p.add_argument("--replies", action="store_true",
+                   help="also keep ShareGPT's own reply to each kept prompt, tokenized as the target's turn "
+                        "(for `data --backend reference`: a corpus without generation)")
+    p.add_argument("--max-reply-tokens", type=_positive_int, default=1024,
+                   help="with --replies: keep each reply's first N tokens (default 1024; set it to data's "
+                        "--max-new-tokens to keep the file small)")
     _selection_args(p)
     p.set_defaults(func=cmd_prompts)
 
@@ -297,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop before a shard that would end after MIN minutes of generation (model loading "
                         "not counted); the same command resumes")
     _selection_args(p)
-    p.add_argument("--backend", choices=["llama", "torch"], default="llama",
-                   help="llama: Engine, one prompt at a time; torch: batched on a GPU (default llama)")
+    p.add_argument("--backend", choices=["llama", "torch", "reference"], default="llama",
+                   help="llama: Engine, one prompt at a time; torch: batched on a GPU; reference: ShareGPT's own "
+                        "replies from a --prompts file made with `prompts --replies`, no model (default llama)")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="response cap (default 1024)")
     p.add_argument("--temperature", type=_nonnegative_float, default=0.0,
                    help="0 = greedy responses (default); T > 0 = tokens sampled from softmax(logits / T): other "
@@ -338,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, typ in (("epochs", int), ("lr", float), ("min-lr", float), ("warmup", float),
                       ("weight-decay", float), ("grad-clip", float), ("batch-tokens", int), ("anchors", int),
                       ("gamma", float), ("max-len", int), ("seed", int), ("save-every", int), ("log-every", int),
-                      ("holdout", int), ("eval-every", int), ("soft-weight", _unit_float)):
+                      ("holdout", int), ("eval-every", int), ("soft-weight", _unit_float),
+                      ("reference-weight", _unit_float)):
         key = name.replace("-", "_")
         p.add_argument(f"--{name}", type=typ, default=d[key], help=f"{_FIT_HELP.get(key, '')}(default {d[key]})")
     p.add_argument("--emphasis", default=None, metavar="FILE",
@@ -397,6 +415,8 @@ _FIT_HELP = {
     "eval_every": "steps between held-out evaluations ",
     "soft_weight": "weight in [0, 1] of the cross-entropy against the target's whole next-token distribution "
                    "(distillation; the rest is the greedy label's) ",
+    "reference_weight": "the same weight for the sequences of reference corpora (`data --backend reference`: "
+                        "ShareGPT's replies; 1 = the target's distribution only, their tokens are context) ",
 }
 
 

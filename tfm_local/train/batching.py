@@ -32,6 +32,8 @@ class Batch:
         noise_pos: int64 ``[B, A·S]`` their positions.
         labels: int64 ``[B, A·S]`` target ids, ``IGNORE`` at block position 0,
             past the sequence end, and for invalid anchors.
+        reference: bool ``[B]``, True for a sequence whose response is a reference reply
+            (``Sequence.reference``: its loss may weigh the target's distribution instead of the label).
     """
 
     ids: torch.Tensor
@@ -40,6 +42,7 @@ class Batch:
     noise: torch.Tensor
     noise_pos: torch.Tensor
     labels: torch.Tensor
+    reference: torch.Tensor
 
     def to(self, device) -> "Batch":
         """The same batch with every tensor on ``device``."""
@@ -104,4 +107,6 @@ def make_batch(seqs: list[Sequence], n_anchors: int, block: int, mask_id: int, m
     labels = np.where(inside, np.take_along_axis(ids, np.minimum(pos, L - 1).reshape(B, -1), 1).reshape(pos.shape),
                       IGNORE)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    return Batch(t(ids), t(anchors), t(ok), t(noise.reshape(B, -1)), t(pos.reshape(B, -1)), t(labels.reshape(B, -1)))
+    ref = np.array([s.reference for s in seqs], dtype=bool)
+    return Batch(t(ids), t(anchors), t(ok), t(noise.reshape(B, -1)), t(pos.reshape(B, -1)), t(labels.reshape(B, -1)),
+                 t(ref))

@@ -36,12 +36,15 @@ MANIFEST = "manifest.json"
 class Sequence:
     """One training sequence: ``ids`` int32 (prompt then response), ``prompt_len`` tokens of prompt,
     ``prompt_index`` its prompt's rank, ``prompt_order`` which prompt order that rank is in (set by the
-    fit's corpus loader: sequences of several corpora with equal order and rank share their prompt)."""
+    fit's corpus loader: sequences of several corpora with equal order and rank share their prompt);
+    ``reference``: the response is ShareGPT's own reply (a ``data --backend reference`` corpus), not the
+    target's (set by the fit's corpus loader)."""
 
     ids: np.ndarray
     prompt_len: int
     prompt_index: int
     prompt_order: str = ""
+    reference: bool = False
 
     @property
     def response_len(self) -> int:

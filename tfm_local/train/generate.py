@@ -9,6 +9,8 @@ prompt order, seed sampling):
   one prompt at a time.
 * ``TorchBackend``: batched decoding of ``TorchTarget`` with a KV cache
   (left-padded rows), for a GPU.
+* ``ReferenceBackend``: ShareGPT's own replies from the prompt file, no model
+  (decoding recorded as ``"reference"``).
 
 Sampled responses (``temperature`` > 0: each token drawn from the target's
 softmax(logits / T), nothing truncated) are new contexts for the same prompts; a
@@ -216,6 +218,36 @@ class TorchBackend:
         self.model = None
 
 
+class ReferenceBackend:
+    """ShareGPT's own replies as the responses (no model runs): a corpus of human/ChatGPT text in the
+    target's turn format, e.g. fitted with the target's distribution as the label (``fit
+    --reference-weight``). The replies come from a prompt file made with ``tfm-train prompts --replies``.
+
+    Args:
+        pf: that ``PromptFile``.
+    Raises:
+        TrainError: the file holds no replies.
+    """
+
+    name = "reference"
+    decoding = "reference"
+
+    def __init__(self, pf):
+        if pf.replies is None:
+            raise TrainError("this prompt file holds no replies: make it with `tfm-train prompts --replies`")
+        self.replies = pf.replies
+
+    def generate(self, prompts: list[np.ndarray], max_new: int, ranks: list[int] | None = None) -> list[list[int]]:
+        """Each rank's reply, cut to ``max_new`` tokens (its end-of-generation token only when it fits);
+        an empty list where the prompt has none."""
+        if ranks is None:
+            raise TrainError("the reference backend needs the prompts' ranks")
+        return [[] if self.replies[r] is None else self.replies[r][:max_new].tolist() for r in ranks]
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
 def _mix(seed: int, key: int) -> int:
     """One 63-bit RNG seed from a user seed and a key (a prompt rank)."""
     import hashlib
@@ -267,7 +299,8 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
     out = Path(out)
     ident = target_identity(target)
     gen = {"max_new_tokens": max_new, "max_prompt_tokens": max_prompt_tokens,
-           "decoding": decoding(getattr(backend, "temperature", 0.0), getattr(backend, "seed", 0))}
+           "decoding": getattr(backend, "decoding", None)
+           or decoding(getattr(backend, "temperature", 0.0), getattr(backend, "seed", 0))}
     if first:
         gen["first_prompt"] = int(first)
     if only:
@@ -293,7 +326,7 @@ def build_corpus(out: str | os.PathLike, target: str | os.PathLike, prompts: Pro
         ranks, ps = [r for r, p in got if p is not None], [p for _, p in got if p is not None]
         resp = backend.generate(ps, max_new, ranks) if ps else []
         seqs = [Sequence(np.concatenate([p, np.asarray(x, dtype=np.int32)]), len(p), r)
-                for r, p, x in zip(ranks, ps, resp)]
+                for r, p, x in zip(ranks, ps, resp) if len(x)]  # empty: a prompt without a reference reply
         append_shard(out, m, seqs, (s, e), {"backend": backend.name})
         longest = max(longest, time.monotonic() - t_shard)
         bar.update(e - s)

@@ -65,10 +65,17 @@ def turn_prompts(conversation: dict, turns: int, min_chars: int, max_chars: int)
     """The prompts of one ShareGPT conversation: its first ``turns`` user turns whose stripped text
     has ``min_chars`` .. ``max_chars`` characters; the first as its text, a later one as the messages
     up to and including it (contents stripped)."""
+    return [p for p, _ in turn_pairs(conversation, turns, min_chars, max_chars)]
+
+
+def turn_pairs(conversation: dict, turns: int, min_chars: int, max_chars: int) -> list[tuple]:
+    """``turn_prompts`` with each prompt's reference reply: ``(prompt, reply)``, ``reply`` the stripped text
+    of the ShareGPT assistant turn that answered it (None when the conversation stops there or the
+    reply is empty)."""
     from tfm_local.data import sharegpt_to_messages
 
     msgs = [{"role": m["role"], "content": m["content"].strip()} for m in sharegpt_to_messages(conversation)]
-    out: list[str | list[dict]] = []
+    out: list[tuple] = []
     n_user = 0
     for i, m in enumerate(msgs):
         if m["role"] != "user":
@@ -77,7 +84,9 @@ def turn_prompts(conversation: dict, turns: int, min_chars: int, max_chars: int)
         if n_user > turns:
             break
         if m["content"] and min_chars <= len(m["content"]) <= max_chars:
-            out.append(m["content"] if n_user == 1 else msgs[:i + 1])
+            nxt = msgs[i + 1] if i + 1 < len(msgs) else None
+            reply = nxt["content"] if nxt and nxt["role"] == "assistant" and nxt["content"] else None
+            out.append((m["content"] if n_user == 1 else msgs[:i + 1], reply))
     return out
 
 
@@ -100,6 +109,11 @@ def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) 
     Raises:
         DataNotFoundError: the ShareGPT package is missing (default source).
     """
+    return [p for p, _ in select_pairs(sel, conversations)]
+
+
+def select_pairs(sel: Selection, conversations: Iterable[dict] | None = None) -> list[tuple]:
+    """``select_prompts`` with each prompt's reference reply (``turn_pairs``), in the same order."""
     if conversations is None:
         from tfm_local.data import iter_sharegpt
 
@@ -107,11 +121,11 @@ def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) 
     seen, groups = set(), []
     for conv in conversations:
         group = []
-        for prompt in turn_prompts(conv, sel.turns, sel.min_chars, sel.max_chars):
+        for prompt, reply in turn_pairs(conv, sel.turns, sel.min_chars, sel.max_chars):
             k = _key(prompt)
             if k not in seen:
                 seen.add(k)
-                group.append(prompt)
+                group.append((prompt, reply))
         if group:
             groups.append(group)
     # conversations are shuffled, each one's turns stay together in order (turns = 1: one prompt each, so
@@ -154,6 +168,30 @@ class ChatTokenizer:
                 raise  # no template at all: every prompt would fail
             return None
 
+    def reply_ids(self, prompt: str | list[dict], reply: str | None, head: list[int] | None = None
+                  ) -> list[int] | None:
+        """Token ids of a reference ``reply`` to ``prompt`` as the target would emit them after the generation
+        prompt: what the chat template renders for the assistant turn, up to and including its first
+        end-of-generation token. None when there is no reply, the template refuses the conversation, the
+        rendering with the reply does not start with the prompt's ids, or no end-of-generation token
+        closes the turn. ``head``: the prompt's ids when already known (``prompt_ids``)."""
+        from tfm_local.tokenizer import ChatTemplateError, encode_chat
+
+        head = (head if head is not None else self.prompt_ids(prompt)) if reply else None
+        if head is None:
+            return None
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        try:
+            full = encode_chat(self.model, self.tok, msgs + [{"role": "assistant", "content": reply}],
+                               add_generation_prompt=False)
+        except ChatTemplateError:
+            return None
+        if full[:len(head)] != head:
+            return None
+        rest = full[len(head):]
+        end = next((i for i, t in enumerate(rest) if self.tok.is_eog(t)), None)
+        return None if end is None or end == 0 else rest[:end + 1]
+
     def eog_ids(self) -> list[int]:
         """Every end-of-generation token id of the vocabulary."""
         return [i for i in range(self.tok.n_vocab) if self.tok.is_eog(i)]
@@ -172,25 +210,26 @@ class PromptFile:
             exceeded ``max_prompt_tokens``.
         eog: end-of-generation token ids of the target.
         meta: ``{"selection", "target", "max_prompt_tokens"}``.
+        replies: per rank, the ids of ShareGPT's own reply to the prompt (``ChatTokenizer.reply_ids``,
+            int32, end-of-generation token last) or None; None for the whole file when it was made
+            without ``--replies``.
     """
 
     ids: list[np.ndarray | None]
     eog: list[int]
     meta: dict
+    replies: list[np.ndarray | None] | None = None
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write as ``.npz`` (atomically)."""
-        keep = np.array([i for i, x in enumerate(self.ids) if x is not None], dtype=np.int32)
-        parts = [self.ids[i] for i in keep]
-        lens = np.array([len(p) for p in parts], dtype=np.int64)
+        arrays = dict(zip(("tokens", "offsets", "ranks"), _pack(self.ids)))
+        if self.replies is not None:
+            arrays.update(zip(("reply_tokens", "reply_offsets", "reply_ranks"), _pack(self.replies)))
         path = Path(path)
         with atomic_output(path) as tmp:
             with open(tmp, "wb") as f:
-                np.savez_compressed(
-                    f, tokens=(np.concatenate(parts) if parts else np.zeros(0)).astype(np.int32),
-                    offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), ranks=keep,
-                    n=np.array([len(self.ids)]), eog=np.array(self.eog, dtype=np.int32),
-                    meta=np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8))
+                np.savez_compressed(f, n=np.array([len(self.ids)]), eog=np.array(self.eog, dtype=np.int32),
+                                    meta=np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8), **arrays)
         return path
 
     @classmethod
@@ -198,18 +237,37 @@ class PromptFile:
         """Read a prompt file. Raises CorruptArtifactError when it is unreadable or inconsistent."""
         try:
             with np.load(path) as z:
-                tok, off, ranks, n, eog = z["tokens"], z["offsets"], z["ranks"], int(z["n"][0]), z["eog"]
+                n, eog = int(z["n"][0]), z["eog"]
                 meta = json.loads(z["meta"].tobytes().decode())
+                ids = _unpack(z["tokens"], z["offsets"], z["ranks"], n, path)
+                replies = (_unpack(z["reply_tokens"], z["reply_offsets"], z["reply_ranks"], n, path)
+                           if "reply_tokens" in z else None)
         except FileNotFoundError:
             raise TrainError(f"prompt file not found: {path}") from None
+        except CorruptArtifactError:
+            raise
         except Exception as e:
             raise CorruptArtifactError(f"prompt file {path} is unreadable ({type(e).__name__}: {e})") from None
-        if len(off) != len(ranks) + 1 or off[-1] != len(tok) or (len(ranks) and ranks.max() >= n):
-            raise CorruptArtifactError(f"prompt file {path}: inconsistent arrays")
-        ids: list[np.ndarray | None] = [None] * n
-        for j, r in enumerate(ranks):
-            ids[int(r)] = tok[off[j]:off[j + 1]]
-        return cls(ids, [int(e) for e in eog], meta)
+        return cls(ids, [int(e) for e in eog], meta, replies)
+
+
+def _pack(rows: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens int32, offsets int64, ranks int32) of the rows that are not None."""
+    keep = np.array([i for i, x in enumerate(rows) if x is not None], dtype=np.int32)
+    parts = [np.asarray(rows[i], dtype=np.int32) for i in keep]
+    lens = np.array([len(p) for p in parts], dtype=np.int64)
+    tokens = (np.concatenate(parts) if parts else np.zeros(0)).astype(np.int32)
+    return tokens, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), keep
+
+
+def _unpack(tok: np.ndarray, off: np.ndarray, ranks: np.ndarray, n: int, path) -> list[np.ndarray | None]:
+    """Rows by rank (None where absent) from ``_pack``'s arrays. Raises CorruptArtifactError when inconsistent."""
+    if len(off) != len(ranks) + 1 or off[-1] != len(tok) or (len(ranks) and ranks.max() >= n):
+        raise CorruptArtifactError(f"prompt file {path}: inconsistent arrays")
+    rows: list[np.ndarray | None] = [None] * n
+    for j, r in enumerate(ranks):
+        rows[int(r)] = tok[off[j]:off[j + 1]]
+    return rows
 
 
 def tokenize_prompts(texts: list[str | list[dict]], tok: ChatTokenizer, max_prompt_tokens: int,
@@ -220,6 +278,20 @@ def tokenize_prompts(texts: list[str | list[dict]], tok: ChatTokenizer, max_prom
 
     return [bounded_ids(tok.prompt_ids(t), max_prompt_tokens)
             for t in tqdm(texts, desc="tokenize", disable=not progress, unit="prompt")]
+
+
+def reply_ids(pairs: list[tuple], ids: list[np.ndarray | None], tok: ChatTokenizer, max_tokens: int = 1024,
+              progress: bool = True) -> list[np.ndarray | None]:
+    """Per rank, the token ids of ShareGPT's reply (``ChatTokenizer.reply_ids``, int32) to each prompt kept
+    in ``ids``, cut to ``max_tokens`` (a cut reply has no end-of-generation token); None where the prompt
+    was dropped or has no usable reply."""
+    from tqdm import tqdm
+
+    out: list[np.ndarray | None] = []
+    for (prompt, reply), kept in tqdm(list(zip(pairs, ids)), desc="replies", disable=not progress, unit="prompt"):
+        r = tok.reply_ids(prompt, reply, kept.tolist()) if kept is not None else None
+        out.append(None if r is None else np.asarray(r[:max_tokens], dtype=np.int32))
+    return out
 
 
 def bounded_ids(ids: list[int] | None, max_prompt_tokens: int) -> np.ndarray | None:

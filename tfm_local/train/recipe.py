@@ -54,6 +54,8 @@ class FitOptions:
             steps and at the end (0 = none).
         soft_weight: α of the distillation term (0 = labels only; the held-out
             loss is always the label cross-entropy, comparable across runs).
+        reference_weight: α for the sequences of reference corpora (ShareGPT's own replies, not the
+            target's: 1 = their tokens are context only, the label is the target's distribution).
         emphasis: an emphasis file (``emphasis.py``: prompts whose training sequences are repeated)
             or None. emphasis_times: how many times per epoch those sequences are trained on (1 = none).
     """
@@ -76,6 +78,7 @@ class FitOptions:
     holdout: int = 0
     eval_every: int = 100
     soft_weight: float = 0.0
+    reference_weight: float = 1.0
     emphasis: str | None = None
     emphasis_times: int = 1
 
@@ -109,7 +112,8 @@ def acceptance_proxy(correct: torch.Tensor, anchor_ok: torch.Tensor) -> float:
 
 
 def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor, block: int,
-               autocast: bool, soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               autocast: bool, soft_weight: float = 0.0, reference_weight: float = 1.0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted cross-entropy of one batch and the top-1 agreement per block position.
 
     Args:
@@ -118,12 +122,14 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
         batch: on the target's device.
         weights: ``[block]`` from ``position_weights``. autocast: bf16 autocast (CUDA).
         soft_weight: α in [0, 1] of the cross-entropy against the target's distribution.
+        reference_weight: α of the sequences with ``batch.reference`` set (ShareGPT's replies).
     Returns:
         (scalar loss, bool correct ``[B, A, block-1]``).
     """
     B, L = batch.ids.shape
     A = batch.anchors.shape[1]
-    if soft_weight > 0:
+    alpha = torch.where(batch.reference, reference_weight, soft_weight).float()  # [B], per sequence
+    if bool((alpha > 0).any()):
         feats, final = target.layer_inputs_and_final(batch.ids, drafter.feature_layers)
     else:
         feats, final = target.layer_inputs(batch.ids, drafter.feature_layers), None
@@ -139,7 +145,7 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
     soft = None
     if final is not None:  # the label at position p is predicted by the target's state at p - 1
         rows = torch.arange(B, device=h.device)[:, None].expand(-1, A * block)[sel]
-        soft = (final[rows, batch.noise_pos[sel] - 1], soft_weight)
+        soft = (final[rows, batch.noise_pos[sel] - 1], alpha[rows])
     total, hits = _chunked_head_loss(target.lm_head, hs, labels, w, autocast, soft=soft)
     loss = total / w.sum().clamp(min=1e-9)
     correct = torch.zeros(B, A * block, dtype=torch.bool, device=h.device)
@@ -151,7 +157,7 @@ HEAD_CHUNK = 8192  # rows of the LM head computed at once: bounds the [rows, n_v
 
 
 def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool,
-             h_target: torch.Tensor | None = None, alpha: float = 0.0):
+             h_target: torch.Tensor | None = None, alpha: torch.Tensor | None = None):
     with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = lm_head(h).float()
     logp = torch.log_softmax(logits, dim=-1)  # one log-softmax over the vocabulary serves both terms
@@ -164,12 +170,13 @@ def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, au
 
 
 def _chunked_head_loss(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool,
-                       chunk: int = HEAD_CHUNK, soft: tuple[torch.Tensor, float] | None = None
+                       chunk: int = HEAD_CHUNK, soft: tuple[torch.Tensor, torch.Tensor] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ w·CE(lm_head(h), labels) and top-1 hits, ``chunk`` rows at a time.
 
     ``soft = (h_target, α)`` mixes in α·CE against softmax(lm_head(h_target)) row by row
-    (``h_target``: the target's final hidden states, one row per row of ``h``; no gradient).
+    (``h_target``: the target's final hidden states, one row per row of ``h``; no gradient; α float32
+    ``[rows]``, one weight per row).
     Each chunk runs under activation checkpointing, so the ``[rows, n_vocab]``
     logits are never kept for the backward pass (they are recomputed): memory
     is O(chunk · n_vocab) whatever the number of block positions.
@@ -181,7 +188,7 @@ def _chunked_head_loss(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.
     for i in range(0, h.shape[0], chunk):
         args = (h[i:i + chunk], labels[i:i + chunk], w[i:i + chunk], autocast)
         if soft is not None:
-            args += (soft[0][i:i + chunk], soft[1])
+            args += (soft[0][i:i + chunk], soft[1][i:i + chunk])
         if torch.is_grad_enabled() and h.requires_grad:
             s, hit = checkpoint(_head_ce, lm_head, *args, use_reentrant=False)
         else:
