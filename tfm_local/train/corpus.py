@@ -166,3 +166,12 @@ def corpus_id(manifest: dict) -> str:
     import hashlib
 
     return hashlib.sha256("".join(s["sha256"] for s in manifest["shards"]).encode()).hexdigest()[:16]
+
+
+#: the ``generation.decoding`` of a corpus of ShareGPT's own replies (``data --backend reference``)
+REFERENCE_DECODING = "reference"
+
+
+def is_reference(manifest: dict) -> bool:
+    """True when the corpus holds ShareGPT's replies (``data --backend reference``), not the target's."""
+    return manifest["generation"].get("decoding") == REFERENCE_DECODING

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .corpus import MANIFEST, Sequence, append_shard, new_manifest, read_manifest, target_identity
+from .corpus import MANIFEST, REFERENCE_DECODING, Sequence, append_shard, new_manifest, read_manifest, target_identity
 from .errors import TrainError
 from .prompts import bounded_ids
 
@@ -230,7 +230,7 @@ class ReferenceBackend:
     """
 
     name = "reference"
-    decoding = "reference"
+    decoding = REFERENCE_DECODING
 
     def __init__(self, pf):
         if pf.replies is None:
