@@ -1196,3 +1196,28 @@ def test_llama_backend_samples_per_prompt_seed(tmp_path):
     finally:
         greedy.close()
         sampler.close()
+
+
+@pytest.mark.parametrize("name, msg", [("gpu", "must be auto, cpu, cuda or cuda:N"),
+                                       ("cuda:x", "must be auto, cpu, cuda or cuda:N")])
+def test_cli_device_name_is_checked(name, msg, capsys):
+    from tfm_local.cli.train import _device
+
+    with pytest.raises(SystemExit) as e:
+        _device(name)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_cli_device_cuda_without_a_gpu_is_a_clear_error(capsys):
+    import torch
+
+    from tfm_local.cli.train import _device
+
+    if torch.cuda.is_available():
+        assert _device("cuda") == "cuda" and _device("auto") == "cuda"
+        return
+    assert _device("auto") == "cpu" and _device("cpu") == "cpu"
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(SystemExit) as e:
+            _device(name)
+        assert e.value.code == 2 and "sees no CUDA GPU" in capsys.readouterr().err

@@ -32,10 +32,18 @@ def _target(spec: str) -> str:
 
 
 def _device(name: str) -> str:
+    """The torch device for ``--device``: ``auto`` (cuda when torch sees a GPU), ``cpu``, ``cuda`` or
+    ``cuda:N``. Raises SystemExit (exit 2 with a message) for any other name or for a GPU torch does not see."""
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not (name == "cuda" or name.startswith("cuda:") and name[5:].isdigit()):
+        fail(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device {name}: this PyTorch sees no CUDA GPU (torch {torch.__version__}); use --device cpu")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        fail(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return name
 
 
