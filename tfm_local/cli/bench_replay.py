@@ -108,6 +108,7 @@ def replay_all(args, target: str, outputs: dict, max_tokens: int) -> list[dict]:
     finally:
         for _, _, dft in drafters:
             dft.close()
+        engine.close()
 
 
 def _sequences(engine, outputs: dict):
