@@ -125,8 +125,8 @@ def load_corpora(corpora, ident: dict) -> tuple[str, list]:
                              f"not by {ident['name']} (sha256 differs)")
         _check_disjoint(seen, folder, manifest, part)
         ids.append(corpus_id(manifest))
-        order = prompt_order(manifest)
-        seqs.extend(dataclasses.replace(s, prompt_order=order, reference=is_reference(manifest)) for s in part)
+        order, ref = prompt_order(manifest), is_reference(manifest)
+        seqs.extend(dataclasses.replace(s, prompt_order=order, reference=ref) for s in part)
     return (ids[0] if len(ids) == 1 else hashlib.sha256(",".join(ids).encode()).hexdigest()[:16]), seqs
 
 
