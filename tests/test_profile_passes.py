@@ -1,26 +1,21 @@
-"""docs/profile_passes.py (the GPU profile of verify passes and drafter steps) on the CPU: a tiny target
+"""tfm_local.bench.profile_passes (the GPU profile of verify passes and drafter steps) on the CPU: a tiny target
 and a random drafter; every case is timed, no CUDA kernel is recorded without a GPU, the JSON is written."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-import synth  # noqa: E402
+from tfm_local.testing import synth  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "profile_passes.py"
+from tfm_local.bench import profile_passes  # noqa: E402
 
 
 def test_profile_passes_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
     target = synth.write_tiny_target(tmp_path / "t.gguf")
-    spec = importlib.util.spec_from_file_location("profile_passes", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     out = tmp_path / "p.json"
-    assert mod.main(["--target", str(target), "--drafter", "random", "--tokens", "1,3", "--ctx", "32",
+    assert profile_passes.main(["--target", str(target), "--drafter", "random", "--tokens", "1,3", "--ctx", "32",
                      "--iters", "2", "--warmup", "1", "--threads", "1", "--cpu", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"].split(" ", 1)[0] for r in rows] == ["target", "target", "drafter", "drafter"]
@@ -35,15 +30,12 @@ def test_kernel_table_leaves_out_the_case_annotation():
     from types import SimpleNamespace as NS
 
     from torch.autograd import DeviceType
-    spec = importlib.util.spec_from_file_location("profile_passes", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
 
     def ev(name, dev, a, b):
         return NS(name=name, device_type=dev, time_range=NS(start=a, end=b, elapsed_us=lambda: b - a))
     events = [ev("case", DeviceType.CPU, 0, 1000), ev("case", DeviceType.CUDA, 10, 1990),
               ev("gemm", DeviceType.CUDA, 100, 400), ev("norm", DeviceType.CUDA, 500, 600),
               ev("late", DeviceType.CUDA, 1500, 1600)]
-    (row,) = mod.kernel_table(NS(events=lambda: events), ["case"], iters=1)
+    (row,) = profile_passes.kernel_table(NS(events=lambda: events), ["case"], iters=1)
     assert row["kernels"] == 2 and row["kernel_ms"] == pytest.approx(0.4)
     assert [name for name, _ in row["top"]] == ["gemm", "norm"] and row["busy"] == pytest.approx(0.4)
