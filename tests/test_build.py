@@ -1,5 +1,6 @@
 """ggml_ops/build.py: the CMake arguments it derives from the environment (no build is run)."""
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -49,3 +50,69 @@ def test_quoted_user_arguments_stay_whole_without_amx(env):
     env.setattr(build, "_cpu_has_amx", lambda: False)
     env.setenv("TFM_CMAKE_ARGS", "-DCMAKE_C_FLAGS='-O2 -g'")
     assert build.cmake_args()[-1] == "-DCMAKE_C_FLAGS=-O2 -g"
+
+
+# -- the patch series itself (ggml_ops/patches, ggml_ops/src) ------------------------------------
+
+PATCHES = sorted(build.PATCH_DIR.glob("*.patch"))
+
+
+def _header_and_files(p: Path) -> tuple[list[str], list[tuple[str, bool]]]:
+    """A patch's header lines (before its first ``--- a/``) and the files it changes as (path, created)."""
+    lines = p.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("--- a/"))
+    files = []
+    for i in range(first, len(lines) - 2):
+        if lines[i].startswith("--- a/") and lines[i + 1].startswith("+++ b/"):
+            files.append((lines[i + 1][6:].split("\t")[0], lines[i + 2].startswith("@@ -0,0 ")))
+    return lines[:first], files
+
+
+def test_patches_are_numbered_without_gaps():
+    assert [p.name[:5] for p in PATCHES] == [f"{i:04d}-" for i in range(1, len(PATCHES) + 1)]
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name[:4])
+def test_every_patch_has_a_header_that_patch_ignores(patch):
+    """What, why, the measured effect (with the doc), and the files: plain text before the first hunk,
+    no line that patch(1) would take for a diff header."""
+    head, files = _header_and_files(patch)
+    text = "\n".join(head)
+    assert len(head) >= 5 and files
+    for word in ("What:", "Why:", "Measured effect", "Files:"):
+        assert word in text, word
+    assert not [h for h in head if h.startswith(("---", "+++", "diff ", "@@", "Index:", "***"))]
+    for path, _ in files:
+        assert path in text.replace("\n", " "), path
+
+
+def test_no_patch_modifies_a_file_another_patch_creates():
+    created = {}
+    for p in PATCHES:
+        for path, new in _header_and_files(p)[1]:
+            if new:
+                created[path] = p.name
+            else:
+                assert path not in created, f"{p.name} modifies {path}, created by {created.get(path)}"
+
+
+def test_no_runtime_switches_or_timing_code_ship():
+    """The A/B switches that chose the shipped kernels live in ggml_ops/dev, never in the built sources."""
+    for f in [*PATCHES, *sorted(build.SRC_DIR.iterdir())]:
+        text = f.read_text()
+        for word in ("TFM_CUDA_", "TFM_GDN_TWICE", "TREE_TWICE", "getenv"):
+            assert word not in text, (f.name, word)
+
+
+def test_dev_experiments_stay_out_of_the_build_key(tmp_path, monkeypatch):
+    """build_key (and the applied series) cover patches/ and src/ only: ggml_ops/dev never reaches the wheel."""
+    assert (build.HERE / "dev" / "README.md").is_file()
+    root = tmp_path / "ggml_ops"
+    shutil.copytree(build.HERE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(build, "PATCH_DIR", root / "patches")
+    monkeypatch.setattr(build, "SRC_DIR", root / "src")
+    key = build.build_key()
+    (root / "dev" / "0011-experiment.patch").write_text("changed\n")
+    assert build.build_key() == key
+    (root / "patches" / PATCHES[-1].name).write_text(PATCHES[-1].read_text() + "\n")
+    assert build.build_key() != key

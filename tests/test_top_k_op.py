@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfm_local import native, tree_ops
+from tfm_local.llama import native
+from tfm_local.testing import gdn_ops as tree_ops
 
 DEVICES = tree_ops.available_devices() or ["cpu"]
 POISON = np.array([np.nan], np.float32).view(np.int32)[0]

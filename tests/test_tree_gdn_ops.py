@@ -18,12 +18,13 @@ import zlib
 import numpy as np
 import pytest
 
-from tfm_local import native, tree_ops
+from tfm_local.llama import native
+from tfm_local.testing import gdn_ops as tree_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 # float32 error bounds relative to max(1, max |ref|), per device (shared with the GDN benchmark's
-# correctness checks, tfm_local/gdn_bench.py)
+# correctness checks, tfm_local/bench/gdn.py)
 ERR_F32_BY_DEVICE = tree_ops.ERR_F32_BY_DEVICE
 
 # the GPU cases exist only on a build with a GPU device (a skip would fail CI under TFM_NO_SKIP)
@@ -202,80 +203,65 @@ def test_gdn_tree_matches_per_path_recurrence(device, S, kda, kind, N):
     np.testing.assert_array_equal(check_tree_op(device, q, k, v, g, beta, state, parent, n_threads=3), k)
 
 
-_PAIRS_SCRIPT = """
-import sys
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-from test_tree_gdn_ops import make_inputs, make_tree
-from tfm_local import tree_ops
-rng = np.random.default_rng(11)
-outs = {}
-# v heads per k head 3, 1 (with q/k shared by both sequences) and 8 (the kernel's largest); the last
-# case: paths of 20-40 nodes and a 60-node chain (ancestor sums of 17-32 entries in registers, the rest
-# from the scratch)
-for c, (B, N, H, H_k, S, B_k, kinds, depth) in enumerate((
-        (2, 96, 6, 2, 128, 2, ("bushy", "ddtree"), 16), (2, 64, 4, 4, 64, 1, ("bushy", "ddtree"), 16),
-        (1, 128, 16, 2, 128, 1, ("ddtree",), 16), (2, 60, 6, 2, 64, 1, ("deep", "chain"), 40))):
+# Cases of the CUDA fast path (scalar gate, N <= 128): (B, N, H_v, H_k, S, B_k, tree kinds per sequence,
+# max depth). v heads per k head 3, 1 (q/k shared by both sequences) and 8 (the per-k-head pairs
+# kernel's largest); the last: paths of 20-40 nodes and a 60-node chain (ancestor sums of 17-32 entries
+# staged in shared memory, the rest read from the scratch).
+GPU_FAST_CASES = {
+    "r3-two-seqs": (2, 96, 6, 2, 128, 2, ("bushy", "ddtree"), 16),
+    "r1-shared-qk": (2, 64, 4, 4, 64, 1, ("bushy", "ddtree"), 16),
+    "r8-n128": (1, 128, 16, 2, 128, 1, ("ddtree",), 16),
+    "deep-paths": (2, 60, 6, 2, 64, 1, ("deep", "chain"), 40),
+}
+
+
+def _gpu_fast_case(name: str):
+    """Inputs and per-sequence parents of GPU_FAST_CASES[name]."""
+    B, N, H, H_k, S, B_k, kinds, depth = GPU_FAST_CASES[name]
+    rng = _rng("gpu-fast", name)
     parent = np.stack([make_tree(kind, N, rng, max_depth=depth) for kind in kinds])
-    res = tree_ops.gated_delta_net_tree(*make_inputs(rng, B, N, H, H_k, S, False, B_k=B_k), parent, device="gpu")
-    outs.update({f"{c}_{name}": np.asarray(x, np.float32) for name, x in zip(("o", "u", "gamma", "k"), res)})
-np.savez(sys.argv[2], **outs)
-"""
-
-
-def _gpu_outputs_under(env_extra: dict, tmp_path, name: str) -> dict[str, np.ndarray]:
-    """The tree op's outputs (o, u, gamma, k per case) on the GPU for the cases of _PAIRS_SCRIPT,
-    computed in a process of its own with ``env_extra`` set (the CUDA switches are read once per
-    process)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    here = str(Path(__file__).resolve().parent)
-    out = tmp_path / f"{name}.npz"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TFM_CUDA_GDN_")}
-    subprocess.run([sys.executable, "-c", _PAIRS_SCRIPT, here, str(out)], env={**env, **env_extra}, check=True,
-                   capture_output=True, text=True)
-    with np.load(out) as z:
-        return dict(z)
+    return make_inputs(rng, B, N, H, H_k, S, False, B_k=B_k), parent
 
 
 @pytest.mark.gpu
-def test_gdn_tree_pairs_kernels_agree_bit_for_bit(tmp_path):
-    """CUDA: patch 0008's pairs kernel (one block per k head) and the first one (one per v head,
-    TFM_CUDA_GDN_PAIRS_PER_VHEAD=1) give identical outputs."""
-    a = _gpu_outputs_under({}, tmp_path, "khead")
-    b = _gpu_outputs_under({"TFM_CUDA_GDN_PAIRS_PER_VHEAD": "1"}, tmp_path, "vhead")
-    assert a.keys() == b.keys() and all(a[key].tobytes() == b[key].tobytes() for key in a)
+@pytest.mark.parametrize("case", sorted(GPU_FAST_CASES))
+def test_gdn_tree_cuda_fast_path_matches_reference_and_cpu(case):
+    """CUDA, the shipped fast path (pairs per k head, state products on a forked stream, level-ordered
+    solve): within the GPU bounds of the float64 per-path reference and of the CPU op, the k copy
+    exact; per-sequence trees, head broadcast, q/k shared by sequences, paths deeper than 32."""
+    _device_or_skip("gpu")
+    inputs, parent = _gpu_fast_case(case)
+    kc = check_tree_op("gpu", *inputs, parent)
+    np.testing.assert_array_equal(kc, inputs[1])
+    gpu = tree_ops.gated_delta_net_tree(*inputs, parent, device="gpu")
+    cpu = tree_ops.gated_delta_net_tree(*inputs, parent, device="cpu", n_threads=2)
+    err = ERR_F32_BY_DEVICE["gpu"]
+    for name, x, y in zip(("o", "u", "gamma"), gpu, cpu):
+        assert rel_err(x, y) < err[name], name
 
 
 @pytest.mark.gpu
-def test_gdn_tree_timing_switch_keeps_outputs(tmp_path):
-    """CUDA: kernels run twice by the timing switch (TFM_CUDA_GDN_TREE_TWICE, patch 0009) give the
-    same outputs bit for bit (each run overwrites what the first wrote, from the same inputs)."""
-    once = _gpu_outputs_under({}, tmp_path, "once")
-    twice = _gpu_outputs_under({"TFM_CUDA_GDN_TREE_TWICE": "pairs,state,solve"}, tmp_path, "twice")
-    assert once.keys() == twice.keys() and all(twice[key].tobytes() == once[key].tobytes() for key in once)
+def test_gdn_tree_cuda_pairs_per_v_head_fallback():
+    """CUDA: more than 8 v heads per k head (here 9) take the pairs kernel with one block per v head;
+    same bounds against the float64 reference."""
+    _device_or_skip("gpu")
+    rng = _rng("gpu-vhead-pairs")
+    B, N, H, H_k, S = 1, 80, 18, 2, 64
+    parent = np.stack([make_tree("ddtree", N, rng)])
+    q, k, v, g, beta, state = make_inputs(rng, B, N, H, H_k, S, False)
+    np.testing.assert_array_equal(check_tree_op("gpu", q, k, v, g, beta, state, parent), k)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps", ["4", "8", "16"])
-def test_gdn_tree_level_solve_agrees_with_the_first(tmp_path, warps):
-    """CUDA: patch 0013's level-ordered solve (the default; each warp count) gives the first solve's
-    outputs (TFM_CUDA_GDN_SOLVE=1) to float32 rounding (sums in another order), its pairs outputs
-    (k, gamma) bit for bit; under the timing switch it stays bit for bit with itself."""
-    first = _gpu_outputs_under({"TFM_CUDA_GDN_SOLVE": "1"}, tmp_path, "solve1")
-    env = {"TFM_CUDA_GDN_SOLVE_WARPS": warps}
-    level = _gpu_outputs_under(env, tmp_path, f"solve2-{warps}")
-    assert first.keys() == level.keys()
-    for key in first:
-        if key.endswith(("_k", "_gamma")):
-            assert first[key].tobytes() == level[key].tobytes(), key
-        else:
-            assert rel_err(level[key], first[key]) < 1e-5, key
-    twice = _gpu_outputs_under({**env, "TFM_CUDA_GDN_TREE_TWICE": "solve"}, tmp_path, f"twice-{warps}")
-    assert all(twice[key].tobytes() == level[key].tobytes() for key in level)
+def test_gdn_tree_cuda_runs_are_bit_identical():
+    """CUDA: the fast path is deterministic (the forked state stream, the level solve's fixed sum
+    order): two runs of every GPU_FAST_CASES case give the same bytes."""
+    _device_or_skip("gpu")
+    for case in sorted(GPU_FAST_CASES):
+        inputs, parent = _gpu_fast_case(case)
+        a = tree_ops.gated_delta_net_tree(*inputs, parent, device="gpu")
+        b = tree_ops.gated_delta_net_tree(*inputs, parent, device="gpu")
+        assert all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(a, b)), case
 
 
 @pytest.mark.parametrize("device", DEVICES)
