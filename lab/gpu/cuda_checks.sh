@@ -49,7 +49,7 @@ touch ${ST:-~/st}/gdn.done
 fi
 # upstream's chain with the same (vocabulary-attached) drafter
 for i in $(seq 24); do [ -e ${ST:-~/st}/up.done ] || [ -e ${ST:-~/st}/up.failed ] && break; sleep 5; done
-D=$(python3 -c "from pathlib import Path; from tfm_local.drafters import shipped_drafter_for; print(shipped_drafter_for(Path('$T'), 'full'))")
+D=$(python3 -c "from pathlib import Path; from tfm_local.files.drafters import shipped_drafter_for; print(shipped_drafter_for(Path('$T'), 'full'))")
 [ -e ${ST:-~/st}/up.done ] && python3 -m tfm_local.bench.upstream --binary ~/up/b/bin/llama-speculative-simple \
   --target $T --drafter "$D" -n 10 --json $O/bench-upstream.json > $O/bench-upstream.txt 2>&1
 touch ${ST:-~/st}/timing.done
