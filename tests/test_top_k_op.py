@@ -3,7 +3,7 @@
 The CUDA build of patch 0007 takes a one-pass kernel for k <= 32 (ggml-cuda/top-k.cu) and the
 sort-based path above that; the drafter's backend top-k (tfm-ext topk_build) runs on it. On the
 CPU the op is upstream's (std::partial_sort, unordered result): there these tests check the harness
-and the semantics the GPU kernel must share. CUDA results: docs/gpu-h200.md.
+and the semantics the GPU kernel must share. CUDA results: docs/gpu.md.
 """
 from __future__ import annotations
 

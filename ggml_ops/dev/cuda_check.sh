@@ -2,9 +2,14 @@
 # Development only: on the GPU machine (device tool, one H200), build the CUDA wheel of
 # ggml_ops/patches + ggml_ops/src through build.py, then run the CUDA op tests and the other GPU tests.
 # Run from the repository root with .xfer carried, holding:
-#   .xfer/sdist-trim.tar.xz  the pinned sdist without its .git pack, llama.cpp's models/, docs/, media/,
-#                            benches/, tools/ui, mtmd test media and vendor/miniaudio (5.5 MB instead of
-#                            77 MB: one call carries 64 MiB); build.py reads it in place of the sdist
+#   .xfer/sdist-trim.tar.xz  the pinned sdist without its .git pack and llama.cpp's models/, docs/, media/,
+#                            benches/, tools/ui and mtmd test media (6.9 MB instead of 77 MB: one call
+#                            carries 64 MiB); build.py reads it in place of the sdist. Made from the unpacked
+#                            sdist: R=llama_cpp_python-0.3.36 V=$R/vendor/llama.cpp; tar --exclude=$R/.git
+#                            --exclude=$V/.git --exclude=$V/models --exclude=$V/docs --exclude=$V/media
+#                            --exclude=$V/benches --exclude=$V/tools/ui --exclude="$V/tools/mtmd/test-*"
+#                            -cf - $R | xz -3 > .xfer/sdist-trim.tar.xz (vendor/miniaudio must stay: CMake
+#                            adds it whatever the options)
 #   .xfer/*.whl              packages that image lacks: cffi, pycparser, diskcache, gguf
 # Re-entrant: the build runs in its own session, so a second call (within the machine's 30 s warm
 # time) waits for the same build and then runs the test stages not done yet. Logs to $OUT.
@@ -14,6 +19,7 @@ O=${OUT:-/tmp/out}
 ST=/tmp/cuda-check
 mkdir -p "$O" "$ST"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .xfer/*.whl || exit 1
+ln -sfn "$PWD/convert" /tmp/site/tfm_convert  # the converter package, as an install would name it
 export PYTHONPATH=/tmp/llama:/tmp/site:$PWD TFM_CACHE=/tmp/tfm-cache
 
 if [ ! -e "$ST/build.pid" ]; then
