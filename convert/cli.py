@@ -7,7 +7,7 @@
                 (--corpus DIR... [--draft-vocab-size K] | --ids IDS.npy) [--save-ids IDS.npy]
     tfm-convert --corpus DIR... --target TARGET --save-ids IDS.npy [--draft-vocab-size K]
 
-TARGET is a GGUF path or a model spec understood by ``tfm_local.models``.
+TARGET is a GGUF path or a model spec understood by ``tfm_local.files.models``.
 Errors print ``tfm-convert: error: ...`` and exit with status 2.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConvertError
+from .errors import ConvertError, convert_errors
 from .quant import OUTTYPES, parse_tensor_types
 
 
@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_target(spec: str) -> Path:
-    """A target GGUF path for ``spec``: an existing file, else ``tfm_local.models.resolve_model(spec)``.
+    """A target GGUF path for ``spec``: an existing file, else ``tfm_local.files.models.resolve_model(spec)``.
 
-    Falls back to ``Path(spec)`` when tfm_local.models cannot be imported.
+    Falls back to ``Path(spec)`` when tfm_local.files.models cannot be imported.
 
     Raises:
         ConvertError: the spec cannot be resolved.
@@ -69,7 +69,7 @@ def resolve_target(spec: str) -> Path:
     if path.is_file():
         return path
     try:
-        from tfm_local.models import resolve_model
+        from tfm_local.files.models import resolve_model
     except ImportError:
         return path
     try:
@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> str:
 
 def run_draft_vocab(args: argparse.Namespace, target: Path) -> str:
     """The draft-vocabulary commands (``--reduce`` / ``--save-ids``); returns the summary line."""
-    from .atomic import atomic_output
+    from tfm_local.files.atomic import atomic_output
+
     from .draft_vocab import (always_ids, check_draft_ids, choose_draft_ids, coverage, load_draft_ids,
                               reduce_drafter, token_counts)
     from .target_info import read_target_info
@@ -133,7 +134,7 @@ def run_draft_vocab(args: argparse.Namespace, target: Path) -> str:
         ids = check_draft_ids(load_draft_ids(args.ids), n_vocab)
         said.append(f"{ids.size} draft ids")
     if args.save_ids is not None:
-        with atomic_output(args.save_ids) as tmp, open(tmp, "wb") as f:
+        with convert_errors(), atomic_output(args.save_ids) as tmp, open(tmp, "wb") as f:
             np.save(f, ids.astype(np.int32))
         said.append(f"wrote {args.save_ids}")
     if args.reduce is not None:

@@ -2,7 +2,7 @@
 
 On the CPU the drafter's block pass spends most of its time in the LM head (16 rows × the target's
 whole vocabulary, 151,936 tokens for Qwen2.5); on an H200 the head is not what a step waits for
-(docs/gpu-h200.md), and ``tfm_local.drafters.draft_vocab_on`` keeps the full vocabulary there. A draft vocabulary keeps the K target tokens the
+(docs/gpu.md), and ``tfm_local.files.drafters.draft_vocab_on`` keeps the full vocabulary there. A draft vocabulary keeps the K target tokens the
 target emits most often (FR-Spec; EAGLE-3's draft vocabulary): the drafter computes logits for
 those rows only and can never propose another token. Verification by the target keeps the
 output lossless.
@@ -27,8 +27,9 @@ from typing import Iterable
 import gguf
 import numpy as np
 
-from .errors import ConvertError
-from .gguf_meta import TensorEntry, read_gguf_meta
+from tfm_local.files.gguf_meta import TensorEntry, read_gguf_meta
+
+from .errors import ConvertError, convert_errors
 from .target_info import read_target_info
 from .vocab import NewTensor, rewrite_gguf
 
@@ -144,6 +145,7 @@ def load_draft_ids(path: str | os.PathLike) -> np.ndarray:
         raise ConvertError(f"cannot read draft token ids from {path}: {e}") from None
 
 
+@convert_errors()
 def lm_head(target: str | os.PathLike) -> TensorEntry:
     """The target's LM head: ``output.weight``, else the tied ``token_embd.weight``.
 
@@ -173,6 +175,7 @@ def head_rows(target: str | os.PathLike, head: TensorEntry, ids: np.ndarray) -> 
     return np.asarray(rows[ids])  # fancy indexing copies: nothing keeps the mapping alive
 
 
+@convert_errors()
 def reduce_drafter(drafter: str | os.PathLike, target: str | os.PathLike, ids, out: str | os.PathLike) -> Path:
     """Write ``out``: ``drafter`` (with or without vocabulary; keys and tensors unchanged) plus ``d2t``
     (the sorted ``ids``, I64) and ``output.weight`` = the target's LM head rows of those ids, in the
@@ -203,6 +206,7 @@ def reduce_drafter(drafter: str | os.PathLike, target: str | os.PathLike, ids, o
     return rewrite_gguf(drafter, meta, list(meta.kv.values()), out, drop=frozenset({D2T, OUTPUT}), extra=extra)
 
 
+@convert_errors()
 def draft_vocab_size(path: str | os.PathLike) -> int | None:
     """K of a drafter GGUF with a draft vocabulary (its ``d2t`` length), None without one."""
     for t in read_gguf_meta(path).tensors:

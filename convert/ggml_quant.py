@@ -4,7 +4,7 @@
 quantiser (``ggml_quantize_chunk`` in ggml/src/ggml.c, the function llama-quantize calls per tensor) is
 exported by ``libggml-base``, which the llama-cpp-python build ships beside ``libllama``. It is bound
 here through cffi (ABI mode) and opened by soname after ``llama_cpp`` has loaded the library, so the
-process holds one copy of ggml (as ``tfm_local.native`` does for ``libllama``).
+process holds one copy of ggml (as ``tfm_local.llama.native`` does for ``libllama``).
 """
 from __future__ import annotations
 

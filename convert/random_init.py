@@ -6,7 +6,7 @@ hidden size = the target's n_embd; head_dim 128/64/32/16 (the largest that
 gives at least 4 heads); KV heads = the largest divisor of the head count
 not above a quarter of it; MLP width 3 × hidden (rounded up to 32); block
 size 16; 5 target layers spread from shallow to deep (DFlash, §5 of
-shared/DESIGN.md); mask token = an unused id of the target vocabulary.
+docs/design.md); mask token = an unused id of the target vocabulary.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
+from tfm_local.files.dflash import DFlashConfig, expected_shapes, is_norm
+
 from .errors import ConvertError
-from .layout import expected_shapes, is_norm
 from .target_info import TargetInfo
-from .zlab import DFlashConfig
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_TARGET_LAYERS = 5

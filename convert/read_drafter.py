@@ -3,7 +3,7 @@
 The inverse of ``writer.write_drafter_gguf``: the ``dflash.*`` keys give the
 config, the tensors are dequantized with the ``gguf`` package
 (``gguf.quants.dequantize``) and renamed to their Hugging Face names
-(``layout``). Quantized types come back as their dequantized values, not the
+(``tfm_local.files.dflash``). Quantized types come back as their dequantized values, not the
 weights they were made from. A drafter shipped without its vocabulary
 (``vocab.strip_vocab``) has no vocabulary size of its own: the caller gives it.
 """
@@ -14,19 +14,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConvertError
-from .gguf_meta import dequantize_tensor, read_gguf_meta
-from .layout import GLOBAL_NAMES, LAYER_NAMES, expected_shapes
+from tfm_local.files.dflash import GLOBAL_NAMES, LAYER_NAMES, DFlashConfig, expected_shapes
+from tfm_local.files.gguf_meta import dequantize_tensor, read_gguf_meta
+
+from .errors import ConvertError, convert_errors
 from .target_info import MASK_TOKEN_KEY
 from .writer import ARCH
-from .zlab import DFlashConfig
 
 #: GGUF names of the target's embedding and LM head, which some drafter files carry: skipped.
 SHARED_GGUF_NAMES = frozenset({"token_embd.weight", "output.weight"})
 
 
 def hf_name(gguf_tensor: str) -> str:
-    """HF drafter tensor name of a GGUF drafter tensor name (inverse of ``layout.gguf_name``).
+    """HF drafter tensor name of a GGUF drafter tensor name (inverse of ``dflash.gguf_name``).
 
     Raises:
         KeyError: not a DFlash drafter tensor name.
@@ -72,6 +72,7 @@ def _config(kv: dict, path: Path, vocab_size: int | None, num_target_layers: int
         num_target_layers=num_target_layers)
 
 
+@convert_errors()
 def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
                       num_target_layers: int = 0) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
     """Config and float32 weights of a DFlash drafter GGUF.
@@ -83,7 +84,7 @@ def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
             vocabulary (ignored when it does).
         num_target_layers: depth of the target, recorded in the config (0 = unknown).
     Returns:
-        ``(config, weights)``: weights maps every HF name of ``layout.expected_shapes``
+        ``(config, weights)``: weights maps every HF name of ``dflash.expected_shapes``
         to a float32 array of that shape (numpy order).
     Raises:
         ConvertError: unreadable or truncated file, another architecture, a missing

@@ -16,8 +16,9 @@ import numpy as np
 
 import gguf
 
+from tfm_local.files.gguf_meta import GGUFError, GGUFKeyValue, read_gguf_meta
+
 from .errors import ConvertError
-from .gguf_meta import GGUFKeyValue, read_gguf_meta
 
 #: Key set by the drafter itself, never copied from the target.
 MASK_TOKEN_KEY = "tokenizer.ggml.mask_token_id"
@@ -90,7 +91,7 @@ def read_target_info(path: str | os.PathLike) -> TargetInfo:
         raise ConvertError(f"target GGUF not found: {path}")
     try:
         kv = read_gguf_meta(path).kv
-    except ConvertError as e:
+    except GGUFError as e:
         raise ConvertError(f"target {e}") from None
     arch = _required(kv, "general.architecture", path)
     if "tokenizer.ggml.tokens" not in kv:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tfm_local.files.dflash import SHARED_NAMES, DFlashConfig, DrafterDims, expected_shapes
+
 from .errors import ConvertError
-from .layout import SHARED_NAMES, DrafterDims, expected_shapes
 from .target_info import TargetInfo
-from .zlab import DFlashConfig
 
 
 def check_tensors(shapes: Mapping[str, tuple[int, ...]], dims: DrafterDims) -> None:

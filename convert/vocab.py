@@ -17,9 +17,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .atomic import atomic_output
-from .errors import ConvertError
-from .gguf_meta import GGUFKeyValue, GGUFMeta, read_gguf_meta
+from tfm_local.files.atomic import atomic_output
+from tfm_local.files.gguf_meta import GGUFKeyValue, GGUFMeta, read_gguf_meta
+
+from .errors import ConvertError, convert_errors
 from .target_info import MASK_TOKEN_KEY
 
 _SKIP = ("GGUF.", "general.architecture")
@@ -39,12 +40,14 @@ def _is_vocab(key: str) -> bool:
     return key.startswith("tokenizer.") and key != MASK_TOKEN_KEY
 
 
+@convert_errors()
 def strip_vocab(drafter: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Copy ``drafter`` to ``out`` without its tokenizer keys. Raises ConvertError on a bad GGUF."""
     meta = read_gguf_meta(drafter)
     return rewrite_gguf(drafter, meta, [kv for kv in meta.kv.values() if not _is_vocab(kv.key)], out)
 
 
+@convert_errors()
 def attach_vocab(weights: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Copy a vocabulary-less drafter ``weights`` to ``out`` with the tokenizer of ``target``.
 
@@ -58,6 +61,7 @@ def attach_vocab(weights: str | os.PathLike, target: str | os.PathLike, out: str
     return rewrite_gguf(weights, meta, kvs, out)
 
 
+@convert_errors()
 def rewrite_gguf(src: str | os.PathLike, meta: GGUFMeta, kvs: list[GGUFKeyValue], out,
                  drop: frozenset[str] = frozenset(), extra: tuple[NewTensor, ...] = ()) -> Path:
     """Write ``out`` (atomically): the keys ``kvs``, the tensors of ``src`` (``meta``'s table) byte for

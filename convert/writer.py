@@ -22,17 +22,18 @@ import numpy as np
 
 import gguf
 
-from .atomic import atomic_output
-from .errors import ConvertError
-from .layout import SHARED_NAMES, expected_shapes, gguf_name
+from tfm_local.files.atomic import atomic_output
+from tfm_local.files.dflash import SHARED_NAMES, DFlashConfig, expected_shapes, gguf_name
+
+from .errors import ConvertError, convert_errors
 from .quant import FILE_TYPES, OUTTYPES, encode, encoded_nbytes, outtype_of, tensor_type
 from .target_info import MASK_TOKEN_KEY, TargetInfo
-from .zlab import DFlashConfig
 
 ARCH = "dflash"
 QT = gguf.GGMLQuantizationType
 
 
+@convert_errors()
 def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Mapping[str, Any],
                        target: TargetInfo, outtype: str = "f16", name: str | None = None,
                        tensor_types: Sequence[tuple[str, str]] = ()) -> Path:
@@ -43,7 +44,7 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
         config: validated drafter config (see ``validate``).
         tensors: HF tensor name (no ``model.`` prefix) → object with ``shape``
             and ``load() -> float32 ndarray`` (a ``LazyTensor``) or an ndarray;
-            the names must be exactly ``layout.expected_shapes`` (plus
+            the names must be exactly ``tfm_local.files.dflash.expected_shapes`` (plus
             optional shared copies, which are dropped).
         target: the target's facts; its tokenizer is copied.
         outtype: a name of ``quant.OUTTYPES`` (norms stay F32; block types fall back to F16 for rows

@@ -11,75 +11,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_output
-from .errors import ConvertError
-from .layout import DrafterDims, strip_prefix
+from tfm_local.files.atomic import atomic_output, write_text
+from tfm_local.files.dflash import ARCHITECTURE, DFlashConfig, strip_prefix
+
+from .errors import ConvertError, convert_errors
 from .safetensors_io import LazyTensor, read_safetensors, write_safetensors
 
-ARCHITECTURE = "DFlashDraftModel"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class DFlashConfig:
-    """The fields of a DFlash ``config.json`` that the GGUF needs.
-
-    Attributes:
-        hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-        head_dim, intermediate_size: Qwen3 block geometry.
-        vocab_size: vocabulary the drafter was trained with (the target's).
-        rms_norm_eps: RMSNorm epsilon.
-        rope_theta: RoPE base frequency.
-        max_position_embeddings: context length (0 when absent).
-        hidden_act: "silu" or "gelu".
-        target_layer_ids: 0-based target layers whose outputs are the features.
-        mask_token_id: id of the MASK token in the target vocabulary.
-        block_size: tokens per drafted block (16 for DFlash).
-        num_target_layers: depth of the target it was trained for (0 when absent).
-    """
-
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    hidden_act: str
-    target_layer_ids: tuple[int, ...]
-    mask_token_id: int
-    block_size: int
-    num_target_layers: int = 0
-
-    @property
-    def dims(self) -> DrafterDims:
-        """Tensor-shape sizes of this drafter."""
-        return DrafterDims(self.hidden_size, self.num_hidden_layers, self.num_attention_heads,
-                           self.num_key_value_heads, self.head_dim, self.intermediate_size,
-                           len(self.target_layer_ids))
-
-    def to_dict(self, dtype: str = "float32") -> dict[str, Any]:
-        """A z-lab style ``config.json`` dict (``dtype``: "float32", "float16" or "bfloat16")."""
-        return {
-            "architectures": [ARCHITECTURE], "model_type": "qwen3",
-            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-            "rope_scaling": None, "max_position_embeddings": self.max_position_embeddings,
-            "hidden_act": self.hidden_act, "attention_bias": False, "tie_word_embeddings": False,
-            "use_sliding_window": False, "initializer_range": 0.02, "torch_dtype": dtype,
-            "block_size": self.block_size, "num_target_layers": self.num_target_layers,
-            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
-                              "mask_token_id": self.mask_token_id, "block_size": self.block_size},
-        }
 
 
 def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
@@ -219,6 +160,7 @@ def locate_checkpoint(spec: str) -> Path:
                            f"failed: {e}") from None
 
 
+@convert_errors()
 def write_checkpoint(folder: str | os.PathLike, config: DFlashConfig, tensors: dict, dtype: str = "F32") -> Path:
     """Write a z-lab layout checkpoint: ``config.json`` + ``model.safetensors``.
 
@@ -236,6 +178,5 @@ def write_checkpoint(folder: str | os.PathLike, config: DFlashConfig, tensors: d
     torch_dtype = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]
     with atomic_output(folder / "model.safetensors") as tmp:
         write_safetensors(tmp, tensors, dtype)
-    with atomic_output(folder / "config.json") as tmp:
-        tmp.write_text(json.dumps(config.to_dict(torch_dtype), indent=2) + "\n", encoding="utf-8")
+    write_text(folder / "config.json", json.dumps(config.to_dict(torch_dtype), indent=2) + "\n")
     return folder

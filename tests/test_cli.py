@@ -51,7 +51,7 @@ def test_chat_bad_input_is_a_clear_error(pair, args, msg):
 def test_bench_writes_table_and_json(pair, tmp_path):
     target, drafter = pair
     out = tmp_path / "b.json"
-    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+    r = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
             "-n", "2", "--max-tokens", "8", "--modes", "plain,chain", "--no-plot", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "chain" in r.stdout and "plain" in r.stdout
@@ -65,7 +65,7 @@ def test_bench_writes_table_and_json(pair, tmp_path):
 def test_an_interrupted_bench_keeps_its_finished_sets(pair, tmp_path, monkeypatch):
     """After each prompt set but the last the JSON is written (atomically), marked incomplete: a run
     stopped in its second set keeps the first one's rows and runs."""
-    from tfm_local.cli import bench
+    from tfm_local.bench import tfm_bench as bench
 
     target, drafter = pair
     real, calls = bench.run_checked, []
@@ -98,7 +98,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
                                                ("wide@4", "wide", 4), ("ddtree@auto", "ddtree", "auto")]),
 ])
 def test_bench_parse_modes(text, want):
-    from tfm_local.cli.bench import parse_modes
+    from tfm_local.bench.tfm_bench import parse_modes
 
     assert [tuple(m) for m in parse_modes(text)] == want
 
@@ -106,7 +106,7 @@ def test_bench_parse_modes(text, want):
 @pytest.mark.parametrize("text", ["", "fast", "ddtree", "ddtree@0", "ddtree@-2", "ddtree@x", "tree@4",
                                   "plain,plain"])
 def test_bench_parse_modes_rejects(text):
-    from tfm_local.cli.bench import parse_modes
+    from tfm_local.bench.tfm_bench import parse_modes
 
     with pytest.raises(ValueError):
         parse_modes(text)
@@ -119,7 +119,7 @@ def test_bench_parse_modes_rejects(text):
 ])
 def test_bench_bad_input_is_a_clear_error(pair, tmp_path, args, msg):
     target, drafter = pair
-    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+    r = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
             "-n", "1", "--max-tokens", "4", "--json", str(tmp_path / "b.json"), *args)
     assert r.returncode == 2, r.stderr
     assert "error:" in r.stderr and msg in r.stderr and "Traceback" not in r.stderr
@@ -131,7 +131,7 @@ def bench_run(pair, tmp_path_factory):
     """One bench run over four modes: (process result, JSON path, PNG path)."""
     target, drafter = pair
     out = tmp_path_factory.mktemp("bench") / "modes.json"
-    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+    r = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
             "--modes", "plain,chain,ddtree@4,auto", "-n", "1", "--max-tokens", "8", "--json", str(out))
     return r, out, out.with_suffix(".png")
 
@@ -191,14 +191,14 @@ def test_bench_writes_png(bench_run):
 def test_bench_plot_only_redraws(bench_run, tmp_path):
     _, out, _ = bench_run
     png = tmp_path / "again.png"
-    r = run("tfm_local.cli.bench", "--plot-only", str(out), "--plot", str(png))
+    r = run("tfm_local.bench.tfm_bench", "--plot-only", str(out), "--plot", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == PNG_MAGIC
-    r = run("tfm_local.cli.bench", "--plot-only", str(tmp_path / "missing.json"))
+    r = run("tfm_local.bench.tfm_bench", "--plot-only", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
     other = tmp_path / "gdn.json"
     other.write_text('{"cases": []}')
-    r = run("tfm_local.cli.bench", "--plot-only", str(other))
+    r = run("tfm_local.bench.tfm_bench", "--plot-only", str(other))
     assert r.returncode == 2 and "is not a tfm-bench JSON" in r.stderr
 
 
@@ -208,7 +208,7 @@ def test_bench_without_matplotlib_warns(pair, tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
     out = tmp_path / "b.json"
-    r = run("tfm_local.cli.bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+    r = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
             "--modes", "plain", "-n", "1", "--max-tokens", "4", "--json", str(out),
             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), *sys.path])})
     assert r.returncode == 0, r.stderr
@@ -236,16 +236,16 @@ def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
     _, out, _ = bench_run
     _, drafter = pair
     rj = tmp_path / "replay.json"
-    r = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), "--json", str(rj))
+    r = run("tfm_local.bench.replay_cli", "--from", str(out), "--drafter", str(drafter), "--json", str(rj))
     assert r.returncode == 0, r.stderr
     chain = [x for x in json.loads(out.read_text())["runs"] if x["mode"] == "chain"]
     got = json.loads(rj.read_text())
     assert [(x["prompt_id"], x["n_steps"], x["n_step_tokens"]) for x in got["runs"]] == \
         [(x["prompt_id"], x["n_steps"], x["n_step_tokens"]) for x in chain]
     assert got["summary"][0]["set"] == "gsm8k" and "gsm8k" in r.stdout.splitlines()[1]
-    bad = run("tfm_local.cli.bench_replay", "--from", str(tmp_path / "none.json"), "--drafter", str(drafter))
+    bad = run("tfm_local.bench.replay_cli", "--from", str(tmp_path / "none.json"), "--drafter", str(drafter))
     assert bad.returncode == 2 and "cannot use --from" in bad.stderr and "Traceback" not in bad.stderr
-    bad = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), "--sets", "humaneval")
+    bad = run("tfm_local.bench.replay_cli", "--from", str(out), "--drafter", str(drafter), "--sets", "humaneval")
     assert bad.returncode == 2 and "no recorded outputs for humaneval" in bad.stderr
-    bad = run("tfm_local.cli.bench_replay", "--from", str(out), "--drafter", str(drafter), str(tmp_path / "no.gguf"))
+    bad = run("tfm_local.bench.replay_cli", "--from", str(out), "--drafter", str(drafter), str(tmp_path / "no.gguf"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "no.gguf" in bad.stderr

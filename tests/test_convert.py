@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import gguf
-import synth
+from tfm_local.testing import synth
 from tfm_convert import ConvertError
 from tfm_convert.cli import main, resolve_target
-from tfm_convert.layout import DrafterDims, expected_shapes, gguf_name
+from tfm_local.files.dflash import DrafterDims, expected_shapes, gguf_name
 from tfm_convert.pipeline import convert_checkpoint, init_random
 from tfm_convert.random_init import attention_geometry, spread_target_layers
 from tfm_convert.safetensors_io import read_safetensors, to_bf16_bits, write_safetensors
@@ -221,7 +221,7 @@ def test_read_drafter_gguf_refuses_bad_tensors_clearly(tmp_path, hf_ckpt, target
     file machinery); a copy of the target's embedding is skipped, not an error."""
     from dataclasses import replace
 
-    from tfm_convert.gguf_meta import read_gguf_meta
+    from tfm_local.files.gguf_meta import read_gguf_meta
     from tfm_convert.read_drafter import read_drafter_gguf
     from tfm_convert.vocab import rewrite_gguf
 
@@ -502,9 +502,9 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys, target):
 
 def test_resolve_target_uses_models_resolver(tmp_path, monkeypatch, target):
     calls = []
-    fake = types.ModuleType("tfm_local.models")
+    fake = types.ModuleType("tfm_local.files.models")
     fake.resolve_model = lambda spec: calls.append(spec) or target
-    monkeypatch.setitem(sys.modules, "tfm_local.models", fake)
+    monkeypatch.setitem(sys.modules, "tfm_local.files.models", fake)
     assert resolve_target(str(target)) == target and calls == []
     assert resolve_target("tiny-name") == target and calls == ["tiny-name"]
 
@@ -540,7 +540,7 @@ def _draft(lc, target_path, drafter_path, features, block_tokens, pos0):
 
 
 def _drafter_facts(lc, drafter_path):
-    from tfm_local import native
+    from tfm_local.llama import native
     model = synth.load_model(drafter_path)
     try:
         vocab = lc.llama_model_get_vocab(model)
@@ -593,7 +593,7 @@ def test_converted_drafters_load_and_agree_with_f32(tmp_path, lc, hf_ckpt, targe
 
 def test_random_drafter_drafts_from_real_target_features(tmp_path, lc):
     """Every target layer the random init picks is one llama.cpp extracts (here a llama-arch target)."""
-    native = pytest.importorskip("tfm_local.native")
+    native = pytest.importorskip("tfm_local.llama.native")
     tgt = synth.write_tiny_target(tmp_path / "t.gguf", arch="llama", n_layer=N_LAYER, seed=2)
     out, _ = init_random(tgt, tmp_path / "d.gguf", outtype="f16")
     tmodel, dmodel = synth.load_model(tgt), synth.load_model(out)

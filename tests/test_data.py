@@ -1,4 +1,4 @@
-"""Tests of tfm_local.data: the packaged prompt sets and the ShareGPT stream."""
+"""Tests of tfm_local.files.datasets: the packaged prompt sets and the ShareGPT stream."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tfm_local import data
-from tfm_local.data import (
+from tfm_local.files import datasets as data
+from tfm_local.files.datasets import (
     HUMANEVAL_INSTRUCTION,
     PROMPT_SETS,
     DataNotFoundError,

@@ -14,15 +14,15 @@ import pytest
 from tfm_convert.draft_vocab import (always_ids, check_draft_ids, choose_draft_ids, coverage, draft_vocab_size,
                                      head_rows, lm_head, reduce_drafter, token_counts)
 from tfm_convert.errors import ConvertError
-from tfm_convert.gguf_meta import dequantize_tensor, read_gguf_meta
+from tfm_local.files.gguf_meta import dequantize_tensor, read_gguf_meta
 from tfm_convert.vocab import NewTensor, attach_vocab, rewrite_gguf, strip_vocab
-from tfm_local.drafter import DFlashDrafter, top_k_logprobs
+from tfm_local.decode.draft import DFlashDrafter, top_k_logprobs
 from tfm_local.engine import Engine
-from tfm_local.llm import gpu_available
-from tfm_local.sampling import SamplingParams
-from tfm_local.target import Target
+from tfm_local.llama.model import gpu_available
+from tfm_local.decode.sampling import SamplingParams
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 from test_drafter_topk import advance
 
 PROMPT = [11, 42, 7, 99, 3, 250, 18, 64, 5, 120, 77, 31]
@@ -166,8 +166,8 @@ def test_auto_draft_vocabulary_is_the_full_one_where_the_drafter_runs_on_a_gpu(f
     """draft_vocab_on: "auto" becomes "full" on a GPU only. Engine: with a GPU reported (gpu_available
     patched to True: this CPU build has none; the offload request is then ignored by llama.cpp) the
     shipped ids are not applied, unless the model stays on the CPU (n_gpu_layers=0)."""
-    from tfm_local import llm
-    from tfm_local.drafters import draft_vocab_on
+    from tfm_local.llama import model as llm
+    from tfm_local.files.drafters import draft_vocab_on
 
     assert draft_vocab_on("auto", True) == "full" and draft_vocab_on("auto", False) == "auto"
     assert draft_vocab_on("full", False) == "full" and draft_vocab_on(tmp_path / "x.npy", True) == tmp_path / "x.npy"
@@ -276,7 +276,7 @@ def test_tfm_convert_reduce_from_a_corpus_and_from_ids(files, tmp_path):
 def test_resolve_drafter_builds_the_shipped_draft_vocabulary_once_and_keys_it_by_the_ids(files, tmp_path, monkeypatch):
     """``<stem>.draft-vocab.npy`` next to a (vocabulary-less) drafter: its reduced copy is cached under a
     name that changes with the ids; "full", TFM_DRAFT_VOCAB=0 and a bad mode behave as documented."""
-    from tfm_local.drafters import resolve_drafter
+    from tfm_local.files.drafters import resolve_drafter
 
     monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
     bare = strip_vocab(files["drafter"], tmp_path / "d.novocab.gguf")

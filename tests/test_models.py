@@ -1,4 +1,4 @@
-"""Tests of tfm_local.models: path specs, hf:// specs, built-in assembly."""
+"""Tests of tfm_local.files.models: path specs, hf:// specs, built-in assembly."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfm_local import models
-from tfm_local.models import (
+from tfm_local.files import models
+from tfm_local.files.models import (
     DEFAULT_TARGET,
     BuiltinModel,
     Chunk,

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import synth  # noqa: E402
+from tfm_local.testing import synth  # noqa: E402
 from tfm_convert.errors import ConvertError  # noqa: E402
 from tfm_local.train import corpus as corpus_mod  # noqa: E402
 from tfm_local.train.batching import IGNORE, make_batch, plan_batches, sample_anchors  # noqa: E402
@@ -479,8 +479,8 @@ def test_smoke_loss_goes_down(smoke):
 
 
 def test_exported_drafter_converts_loads_and_drafts(smoke, tmp_path):
-    from tfm_local.drafter import DFlashDrafter
-    from tfm_local.target import Target
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.decode.verify import Target
     from tfm_local.train.export import export
 
     cfg = json.loads((smoke.paths["hf"] / "config.json").read_text())
@@ -518,8 +518,8 @@ def test_parity_detects_other_weights(smoke):
 
 
 def test_drafter_marginals_rows_are_positions_1_to_15(smoke):
-    from tfm_local.drafter import DFlashDrafter
-    from tfm_local.target import Target
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.decode.verify import Target
     from tfm_local.train.checks import block_logits
 
     ids = _first_sequence(smoke)

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import synth  # noqa: E402
+from tfm_local.testing import synth  # noqa: E402
 from tfm_local.train.batching import make_batch  # noqa: E402
 from tfm_local.train.corpus import Sequence, load_corpus, target_identity  # noqa: E402
 from tfm_local.train.errors import CorruptArtifactError, TrainError  # noqa: E402
@@ -35,7 +35,7 @@ def test_pairs_carry_the_reply_that_followed_each_prompt():
 
 
 def test_reply_ids_are_the_targets_turn_after_the_generation_prompt(tmp_path):
-    from tfm_local.tokenizer import encode_chat
+    from tfm_local.llama.tokenizer import encode_chat
     from tfm_local.train.prompts import ChatTokenizer
 
     target = synth.write_tiny_target(tmp_path / "t.gguf")

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from tfm_convert.errors import ConvertError
-from tfm_convert.gguf_meta import read_gguf_meta
+from tfm_local.files.gguf_meta import read_gguf_meta
 from tfm_convert.pipeline import init_random
 from tfm_convert.vocab import attach_vocab, strip_vocab
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 
 
 def test_strip_then_attach_round_trip(tmp_path):
@@ -23,8 +23,8 @@ def test_strip_then_attach_round_trip(tmp_path):
     for t0, t1 in zip(m0.tensors, m1.tensors):
         assert (t0.name, t0.ne, t0.ggml_type) == (t1.name, t1.ne, t1.ggml_type)
         assert b0[t0.begin:t0.begin + t0.nbytes] == b1[t1.begin:t1.begin + t1.nbytes]
-    from tfm_local.drafter import DFlashDrafter
-    from tfm_local.target import Target
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.decode.verify import Target
 
     tg = Target(target, n_ctx=128, n_batch=64)
     d = DFlashDrafter(full, tg)
@@ -44,9 +44,9 @@ def test_an_explicit_vocabulary_less_drafter_gets_the_targets_tokenizer(tmp_path
     """``--drafter <file>.novocab.gguf`` (as shipped in tfm_local/assets) works like ``--drafter auto``:
     resolve_drafter attaches the target's tokenizer into the cache once; drafters that have one, and
     files that are not GGUF (llama.cpp reports those), are used as given."""
-    from tfm_local.drafter import DFlashDrafter
-    from tfm_local.drafters import resolve_drafter
-    from tfm_local.target import Target
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.files.drafters import resolve_drafter
+    from tfm_local.decode.verify import Target
 
     monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
     target = write_tiny_target(tmp_path / "t.gguf", n_layer=3)
@@ -67,8 +67,8 @@ def test_an_explicit_vocabulary_less_drafter_gets_the_targets_tokenizer(tmp_path
 def test_a_drafter_given_as_the_target_is_named_as_such(tmp_path):
     """A DFlash drafter (with or without vocabulary) in the target's place gets an error that says so,
     not "corrupt, truncated or unsupported"."""
-    from tfm_local.llm import LlamaError
-    from tfm_local.target import Target
+    from tfm_local.llama.model import LlamaError
+    from tfm_local.decode.verify import Target
 
     target = write_tiny_target(tmp_path / "t.gguf", n_layer=3)
     drafter, _ = init_random(target, tmp_path / "d.gguf")

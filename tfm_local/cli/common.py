@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
 import subprocess
 import sys
 from datetime import datetime, timezone
+
+# write_json(path, doc): the tools' JSON output, written atomically (tfm_local.files.atomic; re-exported here)
+from ..files.atomic import write_json  # noqa: F401
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -92,21 +94,6 @@ def check_writable(path: str, flag: str) -> None:
         fail(f"cannot write {flag} {path}: the folder {folder} is not writable")
 
 
-def write_json(path: str | os.PathLike, doc: dict) -> None:
-    """Write ``doc`` as indented JSON to ``path`` atomically (a ``.part`` file beside it, then a rename):
-    a failed or interrupted write leaves any previous file whole (and no ``.part``). Raises OSError, or
-    TypeError / ValueError for a document JSON cannot hold."""
-    tmp = f"{os.fspath(path)}.part"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def budget_arg(text: str) -> int | str:
     """``--budget`` value: 'auto' or an integer >= 0."""
     return text if text == "auto" else _int_at_least(text, 0, "'auto' or an integer >= 0", "budget")
@@ -158,7 +145,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def engine_from_args(args: argparse.Namespace):
     """Build the Engine; model and drafter problems end the program with a clear message."""
     from ..engine import Engine
-    from ..models import ModelError
+    from ..files.models import ModelError
 
     try:
         budget = args.budget

@@ -26,7 +26,7 @@ from .common import fail
 
 
 def _target(spec: str) -> str:
-    from tfm_local.models import resolve_model
+    from tfm_local.files.models import resolve_model
 
     return str(resolve_model(spec))
 
@@ -162,7 +162,7 @@ def _only_prompts(prompts, path, sel: dict, max_prompt: int):
         TrainError: the file's prompt order is not this selection's.
         FileNotFoundError / CorruptArtifactError: no such file, or not an emphasis file.
     """
-    from tfm_local.train.atomic import sha256_file
+    from tfm_local.files.atomic import sha256_file
     from tfm_local.train.corpus import order_key
     from tfm_local.train.emphasis import load_emphasis
     from tfm_local.train.errors import TrainError
@@ -482,13 +482,14 @@ def main(argv=None) -> None:
     """Entry point of ``tfm-train``."""
     args = build_parser().parse_args(argv)
     from tfm_convert import ConvertError
-    from tfm_local.data import DataNotFoundError
-    from tfm_local.models import ModelError
+    from tfm_local.files.atomic import OutputPathError
+    from tfm_local.files.datasets import DataNotFoundError
+    from tfm_local.files.models import ModelError
     from tfm_local.train.errors import TrainError
 
     try:
         args.func(args)
-    except (TrainError, ConvertError, DataNotFoundError, FileNotFoundError, ModelError) as e:
+    except (TrainError, ConvertError, DataNotFoundError, FileNotFoundError, OutputPathError, ModelError) as e:
         fail(str(e))
     except KeyboardInterrupt:
         fail("interrupted (the last checkpoint / shard is intact; run the same command to resume)", 130)

@@ -1,7 +1,7 @@
 """tfm-train: training DFlash drafters for a GGUF target, in PyTorch.
 
 Method: DFlash block-diffusion drafting (arXiv 2602.06036; z-lab/dflash),
-summarised in shared/DESIGN.md §5. The pieces, one module each:
+summarised in docs/design.md §5. The pieces, one module each:
 
 * ``prompts``      ShareGPT training prompts: first user turn, deduplicated, bounded, shuffled.
 * ``corpus``       the corpus artifact: prompt + target-generated response token ids, sharded, resumable.

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_output
+from ..files.atomic import atomic_output
 from .errors import CorruptArtifactError
 
 FORMAT = "tfm-train-ckpt-v1"

@@ -37,7 +37,7 @@ class LayerCosine:
 def sample_sequences(target: str | os.PathLike, max_new: int = 64, threads: int | None = None) -> list[list[int]]:
     """Chat-templated sample prompts plus ``max_new`` greedy tokens of the target (llama.cpp)."""
     from tfm_local.engine import Engine
-    from tfm_local.sampling import SamplingParams
+    from tfm_local.decode.sampling import SamplingParams
 
     eng = Engine(target, None, n_ctx=1024, n_gpu_layers=0, n_threads=threads)
     try:
@@ -53,7 +53,7 @@ def sample_sequences(target: str | os.PathLike, max_new: int = 64, threads: int 
 def llama_features(target: str | os.PathLike, ids: list[int], layers: list[int],
                    threads: int | None = None) -> np.ndarray:
     """llama.cpp's layer inputs ``[len(ids), len(layers) · n_embd]`` float32 (CPU)."""
-    from tfm_local.target import Target
+    from tfm_local.decode.verify import Target
 
     t = Target(target, n_ctx=max(64, len(ids) + 1), n_batch=min(512, len(ids)), n_gpu_layers=0, n_threads=threads)
     try:
@@ -130,8 +130,8 @@ def drafter_parity(drafter_gguf: str | os.PathLike, drafter_torch, target: str |
     Returns:
         (agreement in [0, 1], number of positions compared). threads: llama.cpp CPU threads.
     """
-    from tfm_local.drafter import DFlashDrafter
-    from tfm_local.target import Target
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.decode.verify import Target
 
     from .target_torch import TorchTarget
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_output, sha256_file, write_json
+from ..files.atomic import atomic_output, sha256_file, write_json
 from .errors import CorruptArtifactError, TrainError
 
 FORMAT = "tfm-corpus-v1"

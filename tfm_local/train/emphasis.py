@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_output
+from ..files.atomic import atomic_output
 from .errors import CorruptArtifactError, TrainError
 
 # a keyword test for asking to write prose or to play a part (lower-cased last user message)

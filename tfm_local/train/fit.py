@@ -28,11 +28,11 @@ import torch
 
 from tfm_convert.random_init import random_config
 from tfm_convert.target_info import read_target_info
-from tfm_convert.zlab import DFlashConfig
 
+from ..files.atomic import sha256_file
+from ..files.dflash import DFlashConfig
 from .batching import make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
-from .atomic import sha256_file
 from .corpus import corpus_id, is_reference, load_corpus, order_key, read_manifest, target_identity
 from .errors import TrainError
 from .emphasis import emphasise

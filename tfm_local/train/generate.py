@@ -130,7 +130,7 @@ class LlamaBackend:
         """Responses (token id lists, EOG included when reached), one prompt at a time; a sampled
         one from the engine's sampler seeded by ``(seed, its rank)`` (``ranks`` default 0, 1, ...):
         the same prompt, rank and seed give the same response whatever the shard."""
-        from tfm_local.sampling import SamplingParams
+        from tfm_local.decode.sampling import SamplingParams
 
         def params(i: int) -> SamplingParams:
             if self.temperature <= 0:

@@ -1,6 +1,6 @@
 """A target GGUF's hyper-parameters and its tensors, dequantized to float32 numpy arrays.
 
-The metadata and tensor table come from ``tfm_convert.gguf_meta`` (fast);
+The metadata and tensor table come from ``tfm_local.files.gguf_meta`` (fast);
 tensor data is read through a memory map and dequantized with the ``gguf``
 package (``gguf.quants.dequantize``: F32, F16, BF16, Q4_K, Q6_K, Q8_0, ...).
 Arrays are in numpy order, the reverse of GGUF's ``ne``: ``token_embd.weight``
@@ -15,9 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfm_convert import ConvertError
-from tfm_convert.gguf_meta import TensorEntry, dequantize_tensor, read_gguf_meta
-
+from ..files.gguf_meta import GGUFError, TensorEntry, dequantize_tensor, read_gguf_meta
 from .errors import TrainError
 
 #: Architectures whose forward ``target_torch`` implements, with their RoPE style
@@ -64,7 +62,7 @@ class GGUFTensors:
         self.path = Path(path)
         try:
             meta = read_gguf_meta(self.path)
-        except ConvertError as e:
+        except GGUFError as e:
             raise TrainError(str(e)) from None
         self.kv = {k: v.value for k, v in meta.kv.items()}
         self.entries: dict[str, TensorEntry] = {t.name: t for t in meta.tensors}
@@ -85,7 +83,7 @@ class GGUFTensors:
             raise TrainError(f"{self.path.name} has no tensor {name!r}")
         try:  # a copy, never a view of the map
             return dequantize_tensor(np.frombuffer(self._map, dtype=np.uint8, count=e.nbytes, offset=e.begin), e)
-        except ConvertError as err:
+        except GGUFError as err:
             raise TrainError(f"{self.path.name}: {err}") from None
 
     def close(self) -> None:

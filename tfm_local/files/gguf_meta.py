@@ -1,4 +1,5 @@
-"""A fast reader of a GGUF file's metadata and tensor table (not its tensor data).
+"""A fast reader of a GGUF file's metadata and tensor table (not its tensor data), shared by the
+runtime (``tfm_local.llama.model.gguf_kv``), the trainer and the converter.
 
 ``gguf.GGUFReader`` builds a numpy view per string, which takes ~20 s for
 the 300k tokenizer strings of a Qwen2.5 vocabulary; this reader parses the
@@ -6,8 +7,15 @@ same header with ``struct`` in well under a second. Format: GGUF v2/v3
 (ggml ``docs/gguf.md``): magic ``GGUF``, version u32, tensor count u64,
 KV count u64, the KV pairs, the tensor infos, then the aligned data.
 
-Array elements that are strings are kept as raw ``bytes`` (copied verbatim
-into the drafter GGUF); scalar strings are decoded to ``str``.
+``read_gguf_meta(path)`` -> ``GGUFMeta``: ``kv`` (key -> ``GGUFKeyValue``, in file order) and
+``tensors`` (``TensorEntry``: name, ``ne`` dims in GGUF order, i.e. numpy's reversed, GGML type,
+absolute byte range). Array elements that are strings are kept as raw ``bytes`` (copied verbatim
+into a rewritten GGUF); scalar strings are decoded to ``str``. ``dequantize_tensor(raw, entry)``
+-> float32 array of shape ``reversed(entry.ne)``.
+
+Errors: GGUFError (a ValueError; the message is meant for the user as is) for a missing,
+truncated or corrupt file and for a tensor type the ``gguf`` package cannot dequantize. The
+converter turns it into its ConvertError (``tfm_convert.errors.convert_errors``).
 """
 from __future__ import annotations
 
@@ -22,12 +30,15 @@ import numpy as np
 
 import gguf
 
-from .errors import ConvertError
-
 VT = gguf.GGUFValueType
 _SCALARS = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I",
             VT.INT32: "<i", VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q",
             VT.FLOAT64: "<d"}
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be read: missing, not a GGUF, truncated or corrupt; or a tensor type the
+    ``gguf`` package cannot dequantize."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +122,7 @@ def read_gguf_meta(path: str | os.PathLike) -> GGUFMeta:
     """Parse a GGUF file's metadata and tensor table; check that every tensor lies inside the file.
 
     Raises:
-        ConvertError: missing file, bad magic/version, truncation, or a
+        GGUFError: missing file, bad magic/version, truncation, or a
             malformed entry (unknown value or tensor type).
     """
     path = Path(path)
@@ -119,9 +130,9 @@ def read_gguf_meta(path: str | os.PathLike) -> GGUFMeta:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(buf, path)
     except FileNotFoundError:
-        raise ConvertError(f"GGUF file not found: {path}") from None
+        raise GGUFError(f"GGUF file not found: {path}") from None
     except (OSError, EOFError, ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
-        raise ConvertError(f"{path} is not a readable GGUF file, truncated or corrupt "
+        raise GGUFError(f"{path} is not a readable GGUF file, truncated or corrupt "
                            f"({type(e).__name__}: {e})") from None
 
 
@@ -171,12 +182,12 @@ def dequantize_tensor(raw: np.ndarray, e: TensorEntry) -> np.ndarray:
     order (``ne`` reversed), never a view of ``raw``; types as ``gguf.quants.dequantize``.
 
     Raises:
-        ConvertError: a type the gguf package cannot dequantize.
+        GGUFError: a type the gguf package cannot dequantize.
     """
     qt = gguf.GGMLQuantizationType(e.ggml_type)
     rows = int(np.prod(e.ne[1:], dtype=np.int64)) if len(e.ne) > 1 else 1
     try:
         out = gguf.quants.dequantize(raw.reshape(rows, -1), qt)
     except NotImplementedError:
-        raise ConvertError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
+        raise GGUFError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
     return np.array(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))

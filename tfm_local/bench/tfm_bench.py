@@ -1,0 +1,404 @@
+"""tfm-bench: τ and tokens/s of plain decoding, the chain and DDTree budgets on real prompt sets.
+
+One engine is loaded once and switched between modes (``Engine.set_draft``);
+each prompt runs every mode back to back, so machine noise hits all modes
+alike. Generation is greedy with the target's chat template; every mode first runs
+once untimed on the first prompt (``--warmup-tokens``). Every
+speculative mode's output is compared with plain decoding's: mismatches are
+counted, not fatal (near-ties can flip with a different batch shape), and each
+is checked (``tfm_local.lossless``): the table's "(not ties)" counts those that do
+not start at a numerical near-tie, i.e. bugs, and a warning names them.
+Prints a table, writes JSON (per prompt and per set; also after each prompt set but the last, marked
+``"complete": false``, so that an interrupted run keeps its finished sets) and plots τ and tokens/s
+against the budget B per prompt set (PNG); ``--plot-only`` redraws the plot
+from a JSON file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import NamedTuple
+
+from ..cli.common import add_engine_args, check_writable, engine_from_args, fail, run_record, write_json as write_common_json
+
+SHAPES = ("chain", "ddtree", "wide")
+DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
+
+
+class Mode(NamedTuple):
+    """One benchmark mode: its label, draft shape and requested budget (0 = plain, None = the
+    engine's maximum, ``"auto"`` = chosen per step)."""
+
+    label: str
+    tree: str
+    budget: int | str | None
+
+
+def parse_mode(text: str) -> Mode:
+    """One ``--modes`` item: ``plain``, ``chain``, ``auto`` (= ``chain@auto``), ``SHAPE@B`` or
+    ``SHAPE@auto`` with SHAPE in chain, ddtree, wide and B an integer >= 1.
+
+    Raises ValueError with a message for the user.
+    """
+    text = text.strip()
+    if text == "plain":
+        return Mode(text, "chain", 0)
+    if text == "chain":
+        return Mode(text, "chain", None)
+    if text == "auto":
+        return Mode(text, "chain", "auto")
+    shape, at, b = text.partition("@")
+    if shape in SHAPES and at and b == "auto":
+        return Mode(text, shape, "auto")
+    if shape in SHAPES and at and b.isdigit() and int(b) >= 1:
+        return Mode(text, shape, int(b))
+    raise ValueError(f"unknown mode {text!r}; use plain, chain, auto, chain@B, ddtree@B, wide@B "
+                     f"(B an integer >= 1) or ddtree@auto")
+
+
+def parse_modes(text: str) -> list[Mode]:
+    """The comma-separated ``--modes`` list; raises ValueError for an unknown, repeated or empty list."""
+    modes = [parse_mode(t) for t in text.split(",") if t.strip()]
+    if not modes:
+        raise ValueError("--modes is empty")
+    labels = [m.label for m in modes]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"mode(s) given twice: {', '.join(dup)}")
+    return modes
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tfm-bench", description=__doc__.split("\n")[0])
+    add_engine_args(ap)
+    ap.set_defaults(budget=None, tree=None)  # --modes sets both; given explicitly they are an error
+    ap.add_argument("--sets", default="humaneval,gsm8k,mtbench", help="comma-separated prompt sets")
+    ap.add_argument("-n", "--n-prompts", type=int, default=40, help="first N prompts of each set (default 40)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
+    ap.add_argument("--modes", default=DEFAULT_MODES,
+                    help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, auto (automatic budget "
+                         "with the chain), ddtree@auto (default %(default)s)")
+    ap.add_argument("--warmup-tokens", type=int, default=16,
+                    help="untimed run of every mode on the first prompt first, this many tokens (default 16; 0 = none)")
+    ap.add_argument("--json", default="bench.json", help="output JSON path (default bench.json)")
+    ap.add_argument("--plot", default=None, help="output PNG path (default: the --json path with .png)")
+    ap.add_argument("--no-plot", action="store_true", help="write no plot")
+    ap.add_argument("--plot-only", metavar="JSON", default=None,
+                    help="redraw the plot from an existing bench JSON and exit (no model is loaded)")
+    return ap.parse_args(argv)
+
+
+def run_one(engine, prompt, mode: Mode, max_tokens: int) -> dict:
+    """Greedy generation of one prompt in one mode; returns its stats, the budget used and the output ids.
+
+    ``budget`` in the result is the engine's budget after clamping (block size - 1 for the chain,
+    the batch size - 1 for trees), or ``"auto"`` with its cap in ``budget_max``.
+    """
+    from ..decode.sampling import SamplingParams
+
+    engine.set_draft(mode.tree, mode.budget)
+    ids = engine.prompt_tokens(prompt.messages)
+    out = list(engine.generate_ids(ids, max_tokens, SamplingParams()))
+    d = engine.stats.to_dict()
+    d.update(prompt_id=prompt.id, mode=mode.label, tree=mode.tree,
+             budget="auto" if mode.budget == "auto" else engine.budget, budget_max=engine.budget,
+             output_ids=out)
+    return d
+
+
+def run_checked(engine, prompt, mode: Mode, max_tokens: int) -> dict:
+    """``run_one``; a prompt the engine refuses (no chat template, over the context) ends the program clearly."""
+    try:
+        return run_one(engine, prompt, mode, max_tokens)
+    except ValueError as e:
+        fail(str(e))
+
+
+def plain_outputs(runs: list[dict]) -> dict:
+    """Plain decoding's output ids by (set, prompt_id)."""
+    return {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+
+
+def mark_mismatches(runs: list[dict]) -> None:
+    """Set each run's ``matches_plain``: its output ids equal plain decoding's on the same prompt
+    (None for plain itself and when plain did not run)."""
+    plain = plain_outputs(runs)
+    for r in runs:
+        ref = plain.get((r["set"], r["prompt_id"]))
+        r["matches_plain"] = None if r["mode"] == "plain" or ref is None else r["output_ids"] == ref
+
+
+def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
+    """Set ``divergence`` (``tfm_local.lossless.classify`` as a dict) on every run that differs from
+    plain decoding: where it starts and whether it is a numerical near-tie. ``prompts`` maps
+    (set, prompt_id) to the Prompt. Each check is one prefill of the target."""
+    from dataclasses import asdict
+
+    from ..lossless import classify
+
+    plain = plain_outputs(runs)
+    for r in runs:
+        if r.get("matches_plain") is False and "divergence" not in r:
+            key = (r["set"], r["prompt_id"])
+            ids = engine.prompt_tokens(prompts[key].messages)
+            r["divergence"] = asdict(classify(engine.target, ids, plain[key], r["output_ids"]))
+
+
+def phase_ms(rows: list[dict], steps: int) -> dict:
+    """Mean wall time per decode step (ms) in each phase of ``tfm_local.decode.stats.PHASES`` (drafter,
+    tree, submit, verify, accept) and ``other`` (the rest of the decode time) over ``rows``; zeros without steps."""
+    from ..decode.stats import PHASES
+
+    tot = {p: sum(r["t_phases"][p] for r in rows) for p in PHASES}
+    tot["other"] = sum(r["t_other_phases"] for r in rows)
+    return {p: 1e3 * v / steps if steps else 0.0 for p, v in tot.items()}
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Totals of a set of runs: τ = emitted / verify passes, tok/s = emitted / decode time (the first
+    token of each run comes from its prefill, as in ``GenerationStats.tokens_per_s``),
+    mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain),
+    ms_per_step = the step's time split (``phase_ms``)."""
+    steps = sum(r["n_steps"] for r in rows)
+    toks = sum(r["n_step_tokens"] for r in rows)
+    gen = sum(r["n_generated"] for r in rows)
+    t = sum(r["t_decode"] for r in rows)
+    spec = sum(r["n_spec_steps"] for r in rows)
+    drafted = sum(r["n_drafted"] for r in rows)
+    checked = [r["matches_plain"] for r in rows if r.get("matches_plain") is not None]
+    return dict(n_prompts=len(rows), n_generated=gen, tau=toks / steps if steps else 0.0,
+                tokens_per_s=toks / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
+                t_verify=sum(r["t_verify"] for r in rows), t_decode=t, n_steps=steps, n_spec_steps=spec,
+                n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0, ms_per_step=phase_ms(rows, steps),
+                mismatches=checked.count(False) if checked else None,
+                not_near_ties=sum(1 for r in rows if r.get("divergence") and not r["divergence"]["near_tie"])
+                if checked else None)
+
+
+def summarize(runs: list[dict], set_name: str, modes: list[Mode]) -> list[dict]:
+    """One summary row per mode of ``set_name``, in ``modes`` order."""
+    rows = []
+    for m in modes:
+        rs = [r for r in runs if r["set"] == set_name and r["mode"] == m.label]
+        if rs:
+            rows.append(dict(set=set_name, mode=m.label, tree=m.tree, budget=rs[-1]["budget"],
+                             budget_max=rs[-1]["budget_max"], **aggregate(rs)))
+    return rows
+
+
+def plot_path(args) -> str | None:
+    """Where the PNG goes: ``--plot``, else the JSON path (or ``--plot-only``'s) with .png; None with --no-plot."""
+    if args.no_plot:
+        return None
+    return args.plot or os.path.splitext(args.plot_only or args.json)[0] + ".png"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.plot_only:
+        return replot(args)
+    if args.budget is not None or args.tree is not None:
+        fail("--budget and --tree do not apply to tfm-bench: give shapes and budgets in --modes (e.g. ddtree@32)")
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as e:
+        fail(str(e))
+    if args.max_tokens < 1 or args.n_prompts < 1 or args.warmup_tokens < 0:
+        fail("--max-tokens and -n must be >= 1, --warmup-tokens >= 0")
+    check_writable(args.json, "--json")
+    png = plot_path(args)
+    if png:
+        check_writable(png, "--plot")
+    from ..files.datasets import load_prompt_set
+
+    try:
+        sets = {name: load_prompt_set(name, args.n_prompts) for name in args.sets.split(",")}
+    except (ValueError, OSError, LookupError) as e:
+        fail(str(e))
+    spec = [m.label for m in modes if m.budget != 0]
+    if spec and args.no_draft:
+        fail(f"mode(s) {', '.join(spec)} need a drafter; drop --no-draft or use --modes plain")
+    args.tree, args.budget = "chain", (None if spec else 0)
+    engine = engine_from_args(args)
+    if spec and engine.drafter is None:
+        fail(f"mode(s) {', '.join(spec)} need a drafter, and none was loaded")
+    runs, table = [], []
+    first = next((ps[0] for ps in sets.values() if ps), None)
+    if first is not None and args.warmup_tokens:
+        for mode in modes:  # the first passes of each shape allocate buffers: untimed
+            run_checked(engine, first, mode, args.warmup_tokens)
+    for k, (name, prompts) in enumerate(sets.items()):
+        for i, p in enumerate(prompts):
+            runs += [dict(run_checked(engine, p, m, args.max_tokens), set=name) for m in modes]
+            print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        mark_mismatches(runs)
+        classify_mismatches(engine, runs, {(name, p.id): p for p in prompts})
+        table += summarize(runs, name, modes)
+        if k + 1 < len(sets):  # sets still to run: keep the finished ones on disk
+            write_json(args, table, runs, engine, argv, sets_done=list(sets)[:k + 1])
+    print_table(table)
+    bad = [f"{r['set']}/{r['prompt_id']} {r['mode']}" for r in runs
+           if r.get("divergence") and not r["divergence"]["near_tie"]]
+    if bad:
+        print(f"warning: {len(bad)} output(s) differ from plain decoding without a near-tie: "
+              + ", ".join(bad), file=sys.stderr)
+    write_json(args, table, runs, engine, argv)
+    engine.close()
+    if png:
+        draw_or_warn(table, png)
+
+
+def replot(args) -> None:
+    """``--plot-only JSON``: redraw the plot of an existing bench JSON."""
+    try:
+        with open(args.plot_only) as f:
+            table = json.load(f)["summary"]
+    except KeyError:
+        fail(f"{args.plot_only} is not a tfm-bench JSON (it has no 'summary')")
+    except (OSError, ValueError, TypeError) as e:
+        fail(f"cannot read a bench JSON from {args.plot_only}: {e}")
+    png = plot_path(args)
+    if png is None:
+        fail("--plot-only with --no-plot draws nothing")
+    check_writable(png, "--plot")
+    try:
+        draw_plot(table, png)
+    except ImportError:
+        fail("--plot-only needs matplotlib (pip install matplotlib)")
+    print(f"wrote {png}", file=sys.stderr)
+
+
+def add_speedups(table: list[dict]) -> None:
+    """Set each row's ``speedup``: its tokens/s over plain decoding's on the same set, None without a plain row."""
+    base = {r["set"]: r["tokens_per_s"] for r in table if r["mode"] == "plain"}
+    for r in table:
+        r["speedup"] = r["tokens_per_s"] / base[r["set"]] if base.get(r["set"]) else None
+
+
+def print_table(table: list[dict]) -> None:
+    """Print the summary table (after ``add_speedups``, so the JSON gets them too);
+    ``-`` for a speed-up without plain and for mismatches not checked."""
+    add_speedups(table)
+    w = max([len("mode")] + [len(r["mode"]) for r in table])
+    print(f"{'set':<10} {'mode':<{w}} {'budget':>6} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} "
+          f"{'speedup':>8} {'mismatches (not ties)':>21}")
+    for r in table:
+        sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        mm = "-" if r["mismatches"] is None else f"{r['mismatches']} ({r['not_near_ties']})"
+        print(f"{r['set']:<10} {r['mode']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
+              f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>21}")
+    print_phases(table, w)
+
+
+def print_phases(table: list[dict], w: int) -> None:
+    """Second table: ms per decode step in each phase (drafter = injection + drafting pass, tree =
+    building the draft, submit = the target's batch and decode call, verify = waiting for the target
+    pass + reading its results, accept = walk + KV commit); a phase missing from an older JSON is 0."""
+    from ..decode.stats import PHASES
+
+    cols = (*PHASES, "other")
+    print(f"\n{'ms per step':<{11 + w}} " + " ".join(f"{c:>8}" for c in cols) + f" {'total':>8}")
+    for r in table:
+        ms = r["ms_per_step"]
+        print(f"{r['set']:<10} {r['mode']:<{w}} " + " ".join(f"{ms.get(c, 0.0):>8.2f}" for c in cols)
+              + f" {sum(ms.values()):>8.2f}")
+
+
+def machine_info(args, engine) -> dict:
+    """Platform, CPU count, decoding threads and whether the models run on a GPU."""
+    from ..llama.model import default_threads, gpu_available
+
+    return dict(platform=platform.platform(), cpus=os.cpu_count(), threads=args.threads or default_threads(),
+                gpu=bool(gpu_available() and not args.cpu))
+
+
+def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None) -> None:
+    """Write the bench JSON atomically: command, date, machine, models, summary rows and per-prompt runs.
+    With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
+    lists the finished sets, so that an interrupted run keeps them."""
+    doc = dict(**run_record(argv), machine=machine_info(args, engine),
+               target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
+               else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
+               complete=sets_done is None, summary=table, runs=runs, written=time.time())
+    if sets_done is not None:
+        doc["sets_done"] = sets_done
+    write_common_json(args.json, doc)
+    if sets_done is None:
+        print(f"wrote {args.json}", file=sys.stderr)
+
+
+def draw_or_warn(table: list[dict], path: str) -> None:
+    """Draw the plot; without matplotlib print a one-line warning instead."""
+    try:
+        draw_plot(table, path)
+    except ImportError:
+        print(f"tfm-bench: warning: matplotlib is not installed, no plot written ({path})", file=sys.stderr)
+        return
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def draw_plot(table: list[dict], path: str) -> None:
+    """PNG with one row per prompt set: τ vs B and tok/s vs B (log2 x-axis).
+
+    Modes ``SHAPE@B`` with an integer budget are curves (one per shape, at the budget used);
+    the others (plain, chain, auto, ``SHAPE@auto``) are horizontal reference lines.
+    Raises ImportError when matplotlib is missing.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    sets = list(dict.fromkeys(r["set"] for r in table))
+    fig = Figure(figsize=(11, 3.6 * max(len(sets), 1)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(max(len(sets), 1), 2, squeeze=False)
+    for (ax_tau, ax_tps), name in zip(axes, sets):
+        rows = [r for r in table if r["set"] == name]
+        for ax, key, ylabel in ((ax_tau, "tau", "τ (tokens per target pass)"), (ax_tps, "tokens_per_s", "tokens/s")):
+            draw_panel(ax, rows, key)
+            ax.set(title=f"{name}: {ylabel.split(' (')[0]} vs budget", xlabel="budget B (draft tokens / nodes)",
+                   ylabel=ylabel)
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+    from ..files.atomic import atomic_output
+
+    with atomic_output(path) as tmp:  # as the JSON: a failed or interrupted write leaves any earlier plot whole
+        fig.savefig(tmp, dpi=100, format="png")
+
+
+def is_curve(row: dict) -> bool:
+    """A ``SHAPE@B`` row with an integer budget (a point on its shape's curve)."""
+    return "@" in row["mode"] and isinstance(row.get("budget"), int)
+
+
+def ref_label(row: dict) -> str:
+    """Legend label of a reference line: the mode, with the budget used when the label lacks it."""
+    b = row.get("budget")
+    return row["mode"] if row["mode"] == "plain" or not isinstance(b, int) else f"{row['mode']} (B={b})"
+
+
+def draw_panel(ax, rows: list[dict], key: str) -> None:
+    """One panel: a curve of ``key`` vs B per shape, horizontal lines for the other modes."""
+    from matplotlib.ticker import ScalarFormatter
+
+    colors = (f"C{i}" for i in range(100))
+    styles = ["--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1))]
+    for shape in dict.fromkeys(r["tree"] for r in rows if is_curve(r)):
+        pts = sorted((r["budget"], r[key]) for r in rows if is_curve(r) and r["tree"] == shape)
+        ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", color=next(colors), label=f"{shape}@B")
+    if any(is_curve(r) for r in rows):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 16, not 2^4
+    refs = [r for r in rows if not is_curve(r)]
+    for i, r in enumerate(refs):
+        ax.axhline(r[key], linestyle=styles[i % len(styles)],
+                   color="black" if r["mode"] == "plain" else next(colors), label=ref_label(r))
+
+
+if __name__ == "__main__":
+    main()

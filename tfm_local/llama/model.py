@@ -1,0 +1,250 @@
+"""Thin, owned wrappers over llama-cpp-python's low-level API: model, context, batch.
+
+Everything here forwards to functions llama-cpp-python already binds
+(``llama_cpp.llama_cpp``); nothing re-implements llama.cpp. The wrappers add
+clear errors, lifetime management and numpy views of outputs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import llama_cpp as lc
+import numpy as np
+
+from . import native
+
+KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8, "bf16": 30}
+
+_backend_ready = False
+
+
+class LlamaError(RuntimeError):
+    """A llama.cpp call failed (model load, context creation, decode)."""
+
+
+def _quiet_logs() -> None:
+    """Silence llama.cpp's logging unless TFM_VERBOSE is set (errors still raise)."""
+    if os.environ.get("TFM_VERBOSE"):
+        return
+
+    @lc.llama_log_callback
+    def _sink(level, text, user_data):  # pragma: no cover - C callback
+        return None
+
+    _quiet_logs.cb = _sink  # keep alive
+    lc.llama_log_set(_sink, ctypes.c_void_p(0))
+
+
+def backend_init() -> None:
+    """Initialise llama.cpp once per process."""
+    global _backend_ready
+    if not _backend_ready:
+        _quiet_logs()
+        lc.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """Threads for decoding: ``$TFM_THREADS`` or the CPU count."""
+    return int(os.environ.get("TFM_THREADS", os.cpu_count() or 1))
+
+
+def gpu_available() -> bool:
+    """True when the loaded llama.cpp has a GPU backend (a CUDA build on a GPU machine)."""
+    return bool(lc.llama_supports_gpu_offload())
+
+
+def gguf_kv(path: str | os.PathLike) -> dict | None:
+    """The metadata key/values of a GGUF file (``tfm_local.files.gguf_meta``: key -> entry with ``.value``);
+    None when the file does not parse (llama.cpp is the judge of what loads)."""
+    from ..files.gguf_meta import GGUFError, read_gguf_meta
+
+    try:
+        return read_gguf_meta(path).kv
+    except GGUFError:
+        return None
+
+
+def gguf_architecture(path: str | os.PathLike) -> str | None:
+    """``general.architecture`` of a GGUF file; None when the file does not parse or has none (``gguf_kv``)."""
+    arch = (gguf_kv(path) or {}).get("general.architecture")
+    return None if arch is None else arch.value
+
+
+def _load_hint(path: Path) -> str:
+    """Why llama.cpp may have refused ``path``, read from its GGUF metadata: a file without vocabulary;
+    '' otherwise."""
+    kv = gguf_kv(path)
+    return "" if kv is None or "tokenizer.ggml.model" in kv else \
+        ": it has no vocabulary (no tokenizer.ggml.model in its metadata)"
+
+
+class Model:
+    """A GGUF model loaded by llama.cpp.
+
+    Args:
+        path: GGUF file.
+        n_gpu_layers: layers to offload (-1 = all when a GPU backend exists, 0 = CPU).
+    Raises:
+        FileNotFoundError: the file does not exist.
+        LlamaError: llama.cpp refused the file (corrupt, truncated, unknown arch).
+    """
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1):
+        backend_init()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers if gpu_available() else 0
+        self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise LlamaError(f"llama.cpp could not load {self.path}" + (_load_hint(self.path) or
+                             " (corrupt, truncated or unsupported GGUF; set TFM_VERBOSE=1 for its log)"))
+        self.vocab = lc.llama_model_get_vocab(self.ptr)
+        self.n_embd = lc.llama_model_n_embd(self.ptr)
+        self.n_layer = lc.llama_model_n_layer(self.ptr)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
+        self.arch = self.meta("general.architecture") or "?"
+
+    def meta(self, key: str) -> str | None:
+        """GGUF metadata value of ``key`` as a string, or None when absent."""
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            lc.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        """Free the model (idempotent)."""
+        if getattr(self, "ptr", None):
+            lc.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):
+        self.close()
+
+
+class Context:
+    """A llama.cpp context: one sequence (id 0), its KV cache and its outputs.
+
+    Args:
+        model: the loaded model.
+        n_ctx: context length in tokens.
+        n_batch / n_ubatch: logical / physical batch sizes (tokens).
+        kv_type: KV cache type, one of ``KV_TYPES`` ("f16", "q8_0", ...).
+        ctx_other: another context whose model shares tensors (DFlash drafter → target).
+        n_seq_max: sequences the memory holds (ids 0..n_seq_max-1); kv_unified: one KV stream for all
+            sequences (a ``seq_cp`` of a prefix then shares its cells instead of copying them).
+        n_rs_seq: recurrent-state snapshots per sequence for upstream's rollback of a recurrent
+            (hybrid) memory by ``truncate`` (0 = none; llama.cpp clamps it to 0 for other archs).
+    Raises:
+        ValueError: unknown kv_type. LlamaError: llama.cpp refused the parameters.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, n_ubatch: int = 512,
+                 kv_type: str = "f16", n_threads: int | None = None, ctx_other: "Context | None" = None,
+                 n_seq_max: int = 1, kv_unified: bool = False, n_rs_seq: int = 0):
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"unknown KV cache type {kv_type!r}; choose one of {sorted(KV_TYPES)}")
+        self.model = model
+        p = lc.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
+        p.n_seq_max = n_seq_max
+        p.kv_unified = kv_unified
+        p.n_rs_seq = n_rs_seq
+        threads = n_threads or default_threads()
+        p.n_threads = p.n_threads_batch = threads
+        p.type_k = p.type_v = KV_TYPES[kv_type]
+        p.no_perf = True
+        if ctx_other is not None:
+            p.ctx_other = ctx_other.ptr
+        self.ptr = lc.llama_init_from_model(model.ptr, p)
+        if not self.ptr:
+            hint = " (a quantized KV cache needs head sizes divisible by 32)" if kv_type.startswith("q") else ""
+            raise LlamaError(f"llama.cpp could not create a context (n_ctx={n_ctx}, kv={kv_type}) for "
+                             f"{model.path.name}{hint}; set TFM_VERBOSE=1 for llama.cpp's log")
+        self.n_ctx = lc.llama_n_ctx(self.ptr)
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
+        self.mem = lc.llama_get_memory(self.ptr)
+        self._batch = lc.llama_batch_ext_init(self.ptr)
+        self._batch_c = native.batch_handle(self._batch)
+
+    # -- batches -------------------------------------------------------------------------
+    def decode_tokens(self, tokens, pos0: int, outputs, positions=None, seq_ids=None) -> int:
+        """Decode ``tokens`` at positions ``pos0 + i`` (or ``positions[i]``) in sequence 0 (or
+        ``seq_ids[i]``); ``outputs`` = per-token bools or "all"/"last".
+
+        Returns the number of tokens decoded. Raises LlamaError on a failed decode or a token the
+        batch refuses (an id outside the vocabulary, more tokens than the batch holds), ValueError
+        for another ``outputs`` string or ``positions`` / ``seq_ids`` / ``outputs`` of another length.
+        """
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        n = toks.shape[0]
+        pos = (np.arange(pos0, pos0 + n, dtype=np.int32) if positions is None
+               else np.ascontiguousarray(positions, dtype=np.int32))
+        seq = None if seq_ids is None else np.ascontiguousarray(seq_ids, dtype=np.int32)
+        out = None
+        if isinstance(outputs, str):
+            if outputs not in ("all", "last"):
+                raise ValueError(f'outputs must be "all", "last" or per-token bools, got {outputs!r}')
+            if outputs == "last":
+                out = np.zeros(n, np.int8)
+                out[-1:] = 1
+        else:
+            out = np.ascontiguousarray(outputs, dtype=np.int8)
+        rc = native.batch_tokens(self._batch_c, toks, pos, seq, out)
+        if rc < 0:
+            raise LlamaError(f"a token of {toks[:8].tolist()}{'...' if n > 8 else ''} was refused by llama.cpp's "
+                             f"batch (code {rc}: -1 batch full, -2 invalid token id, -3 invalid sequence, -4 bad position)")
+        return self._process(n, "tokens")
+
+    def decode_embd(self, rows: np.ndarray, pos0: int) -> None:
+        """Decode embedding rows ``[n, width]`` float32 at positions ``pos0 + i`` (no outputs)."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        rc = native.batch_embd(self._batch_c, rows, pos0)
+        if rc < 0:
+            raise LlamaError(f"embedding rows refused by llama.cpp's batch (code {rc})")
+        self._process(rows.shape[0], "embeddings")
+
+    def _process(self, n: int, what: str) -> int:
+        rc = lc.llama_process(self.ptr, lc.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise LlamaError(f"llama.cpp decode of {n} {what} failed (code {rc})")
+        return n
+
+    def logits(self, n_rows: int) -> np.ndarray:
+        """Logits of the last batch's output rows: float32 view ``[n_rows, n_vocab]``."""
+        p = lc.llama_get_logits(self.ptr)
+        nv = self.model.n_vocab
+        return np.ctypeslib.as_array(p, shape=(n_rows * nv,)).reshape(n_rows, nv)
+
+    # -- KV cache ------------------------------------------------------------------------
+    def truncate(self, pos: int) -> None:
+        """Drop every cell at position >= ``pos`` from sequence 0."""
+        lc.llama_memory_seq_rm(self.mem, 0, pos, -1)
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        lc.llama_memory_clear(self.mem, True)
+
+    def pos_max(self) -> int:
+        """Largest position held for sequence 0 (-1 when empty)."""
+        return lc.llama_memory_seq_pos_max(self.mem, 0)
+
+    def close(self) -> None:
+        """Free the context (idempotent)."""
+        if getattr(self, "ptr", None):
+            lc.llama_batch_ext_free(self._batch)
+            lc.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):
+        self.close()
