@@ -2,8 +2,8 @@
 ggml-cuda/gated_delta_net_tree.cu: pairs, state, solve), on flat buffers with the kernels' own index
 formulas and thread/lane mapping (lanes vectorised), against the float64 per-path reference of
 tests/test_tree_gdn_ops.py. Both solve kernels run on the same pairs/state results: the first one
-(solve 1, gated_delta_net_tree_solve_f32) and the level-ordered one of patch 0013 (solve 2,
-gated_delta_net_tree_solve_levels_f32, TFM_CUDA_GDN_SOLVE=2). Run:
+(solve 1, gated_delta_net_tree_solve_f32) and the level-ordered one, the shipped default of patch 0008 (solve 2,
+gated_delta_net_tree_solve_levels_f32; the switch between them: ggml_ops/dev/). Run:
 PYTHONPATH=. .venv/bin/python lab/gdn_tree_cuda_emulation.py
 (needs the tfm-local build only because the test module imports tree_ops; about 5 s)."""
 import sys
@@ -185,7 +185,7 @@ def solve_owned(dst, coef, anc, vf, bf, pf, B, N, H, S, ps1, sv1, sv2, sv3, sb1,
 
 def solve_levels(dst, coef, anc, vf, bf, pf, B, N, H, S, ps1, sv1, sv2, sv3, sb1, sb2, sb3, o_off, u_off, y_off,
                  scale, order_rng=None):
-    """Kernel 3, level-ordered (patch 0013): grid (H, B, S/32), NW warps, lane = value column, dynamic
+    """Kernel 3, level-ordered (patch 0008): grid (H, B, S/32), NW warps, lane = value column, dynamic
     shared memory of N rows (a row index outside [0, N) fails here)."""
     lanes = np.arange(WS)
     MAX_N, NW = 128, 8
@@ -276,7 +276,7 @@ def rel(a, b): return float(np.abs(a - b).max() / max(1.0, np.abs(b).max()))
 cases = [("ddtree", 64, 1, 1, 4, 2, 128, False), ("chain", 40, 1, 1, 4, 2, 32, False),
          ("bushy", 50, 2, 1, 6, 2, 64, True), ("forest", 5, 3, 3, 2, 1, 32, True), ("chain", 1, 1, 1, 2, 1, 64, False),
          ("deep", 128, 1, 1, 2, 1, 32, False), ("chain70", 100, 1, 1, 4, 2, 128, False),
-         # patch 0013's solve: N = 128 stars, chains (depth 127: four 32-entry blocks), bushy trees of
+         # the level-ordered solve: N = 128 stars, chains (depth 127: four 32-entry blocks), bushy trees of
          # several sequences, a DDTree-like tree at the Qwen3.6-27B head ratio, deep + chain per sequence
          ("star", 128, 1, 1, 2, 1, 32, False), ("chain", 128, 1, 1, 2, 1, 32, False),
          ("bushy", 128, 3, 1, 3, 1, 32, True), ("ddtree", 128, 2, 2, 3, 1, 128, True),

@@ -1,6 +1,7 @@
 """Time ggml_top_k on the GPU over vocabulary-long rows (docs/gpu.md, "ggml_top_k on the GPU").
 
-Run twice on a CUDA build of the patched library, the second time with the sort path forced:
+Run twice on a CUDA build of the patched library, the second time with the sort path forced (which needs
+ggml_ops/dev/cuda-top-k-sort-switch.patch applied on top of the series):
 
     python lab/measure_top_k.py
     TFM_CUDA_TOP_K_SORT=1 python lab/measure_top_k.py

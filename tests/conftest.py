@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [it for it in items if it.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from tfm_local import tree_ops
+    from tfm_local.testing import gdn_ops as tree_ops
 
     if "gpu" in tree_ops.available_devices():
         return
@@ -70,7 +70,7 @@ def tiny_pair(tmp_path_factory):
 
     Shared by the tests that run the command-line tools and the server as processes.
     """
-    from synth import write_tiny_target
+    from tfm_local.testing.synth import write_tiny_target
     from tfm_convert.pipeline import init_random
 
     d = tmp_path_factory.mktemp("tiny_pair")

@@ -9,8 +9,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from tfm_local.accept import walk_tree
-from tfm_local.sampling import SamplingParams, TokenChooser
+from tfm_local.decode.accept import walk_tree
+from tfm_local.decode.sampling import SamplingParams, TokenChooser
 
 V = 6
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfm_local.llm import LlamaError
-from tfm_local.target import Target
+from tfm_local.llama.model import LlamaError
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +63,14 @@ def test_on_submit_fires_once_before_results(target):
     calls = []
     toks, depth, parents = np.array([5, 6, 7]), np.array([0, 1, 1]), np.array([-1, 0, 0])
     target.reset()
-    target.verify(toks, lambda: calls.append("chain"))
+    target.verify(toks, on_submit=lambda: calls.append("chain"))
     target.reset()
-    target.verify_tree(toks, depth, parents, lambda: calls.append("tree"))
+    target.verify(toks, parents, depth, on_submit=lambda: calls.append("tree"))
     target.reset()
     if target.attach_argmax(8):
-        target.verify_argmax(toks, lambda: calls.append("chain-argmax"))
+        target.verify(toks, backend_argmax=True, on_submit=lambda: calls.append("chain-argmax"))
         target.reset()
-        target.verify_tree_argmax(toks, depth, parents, lambda: calls.append("tree-argmax"))
+        target.verify(toks, parents, depth, backend_argmax=True, on_submit=lambda: calls.append("tree-argmax"))
         target.detach_argmax()
         assert calls[2:] == ["chain-argmax", "tree-argmax"]
     assert calls[:2] == ["chain", "tree"]

@@ -1,4 +1,4 @@
-"""tfm_bench_op (native.bench_op) and the GDN tree benchmark (tfm_local.gdn_bench, tfm-bench-gdn), CPU, tiny dims."""
+"""tfm_bench_op (native.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench-gdn), CPU, tiny dims."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from tfm_local import gdn_bench, native, tree_ops
-from tfm_local.cli import bench_gdn
+from tfm_local.bench import gdn as gdn_bench
+from tfm_local.llama import native
+from tfm_local.testing import gdn_ops as tree_ops
+from tfm_local.bench import gdn_cli as bench_gdn
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -1,4 +1,4 @@
-"""tfm-bench-pass (tfm_local/pass_bench.py, tfm_local/cli/bench_pass.py) on a tiny synthetic target."""
+"""tfm-bench-pass (tfm_local/bench/passes.py, passes_cli.py) on a tiny synthetic target."""
 from __future__ import annotations
 
 import json
@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from tfm_local import pass_bench as pb
-from tfm_local.cli import bench_pass
-from tfm_local.llm import gpu_available
-from tfm_local.target import Target
+from tfm_local.bench import passes as pb
+from tfm_local.bench import passes_cli as bench_pass
+from tfm_local.llama.model import gpu_available
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_qwen35, write_tiny_target
+from tfm_local.testing.synth import write_tiny_qwen35, write_tiny_target
 
 N_PROMPT = 40
 
@@ -57,13 +57,13 @@ def test_cache_is_left_as_after_the_prompt(target_path):
         assert len(cases) + len(skipped) == len(pb.VARIANTS)
         assert t.n_past == N_PROMPT and t.ctx.pos_max() == N_PROMPT - 1
         fresh.prefill(prompt)
-        want = fresh.verify([7]).copy()
-        got = t.verify([7]).copy()
+        want = fresh.verify([7]).logits.copy()
+        got = t.verify([7]).logits.copy()
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
-        t.commit(1)  # leave the token in the cache, as a pass that was not removed
+        t.commit([0])  # leave the token in the cache, as a pass that was not removed
         with pytest.raises(RuntimeError, match="not removed"):
             bench.check_cache()
-        leaked = t.verify([7]).copy()
+        leaked = t.verify([7]).logits.copy()
         assert np.abs(leaked - want).max() > 1e-2 * np.abs(want).max()
     finally:
         t.close()
@@ -83,8 +83,8 @@ def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_pa
     """--drafter times every drafter variant; DraftBench leaves the drafter's cache at the prompt, so a
     draft after the benchmark equals a draft on a fresh drafter given the same prompt features."""
     from tfm_convert.pipeline import init_random
-    from tfm_local import draft_bench as db
-    from tfm_local.drafter import DFlashDrafter
+    from tfm_local.bench import drafts as db
+    from tfm_local.decode.draft import DFlashDrafter
 
     dpath, _ = init_random(target_path, tmp_path / "d.gguf", layers=1, seed=5)
     out = tmp_path / "r.json"

@@ -1,11 +1,11 @@
 """bench_upstream: parsing llama-speculative-simple's summary and τ / tokens/s over prompts.
 
-The program itself is built only on the GPU machine (docs/gpu-h200.md); here its log text is the
+The program itself is built only on the GPU machine (docs/gpu.md); here its log text is the
 input, in the format of the pinned source (examples/speculative-simple/speculative-simple.cpp).
 """
 import pytest
 
-from tfm_local.cli.bench_upstream import aggregate, parse_output
+from tfm_local.bench.upstream import aggregate, parse_output
 
 LOG = """main: decoded  200 tokens in    0.500 seconds, speed:  400.000 t/s
 

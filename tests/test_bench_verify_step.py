@@ -1,5 +1,5 @@
-"""The shape-configurable qwen35 writer (tfm_local.synth_hybrid) and the verify-step benchmark
-(tfm_local.verify_step, tfm-bench-verify), CPU, tiny dims."""
+"""The shape-configurable qwen35 writer (tfm_local.testing.hybrid) and the verify-step benchmark
+(tfm_local.bench.verify_step, tfm-bench-verify), CPU, tiny dims."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import gguf
-from tfm_local import synth_hybrid as sh
-from tfm_local import verify_step as vs
-from tfm_local.cli import bench_verify_step
-from tfm_local.llm import Context, Model, gpu_available
+from tfm_local.testing import hybrid as sh
+from tfm_local.bench import verify_step as vs
+from tfm_local.bench import verify_step_cli as bench_verify_step
+from tfm_local.llama.model import Context, Model, gpu_available
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfm_local.budget import AutoBudget, PassCosts, best_budget, gain_curve
+from tfm_local.decode.budget import AutoBudget, PassCosts, best_budget, gain_curve
 
 
 class LinearCosts(PassCosts):
@@ -108,7 +108,7 @@ def test_auto_budget_goes_speculative_when_it_pays_and_calibrates():
 
 
 def test_extrapolate_continues_a_short_curve_as_a_chain():
-    from tfm_local.budget import extrapolate
+    from tfm_local.decode.budget import extrapolate
 
     np.testing.assert_allclose(extrapolate([0.8], 4), np.cumsum([0.8, 0.64, 0.512, 0.4096]))
     np.testing.assert_allclose(extrapolate([0.9, 1.7], 4), [0.9, 1.7, 1.7 + 0.8 * 8 / 9, 1.7 + 0.8 * 8 / 9 + 0.8 * (8 / 9) ** 2])
@@ -134,7 +134,7 @@ def test_a_budget_1_probe_can_show_that_a_deeper_budget_pays():
 def test_auto_budget_keeps_a_plain_decision_for_recheck_steps(monkeypatch):
     """While plain wins, best_budget runs once per ``recheck`` plain steps (plus the probes); a
     speculative step's statistics make the next choice compute it again."""
-    import tfm_local.budget as budget
+    import tfm_local.decode.budget as budget
 
     calls = []
     real = budget.best_budget
@@ -155,7 +155,7 @@ def test_auto_budget_keeps_a_plain_decision_for_recheck_steps(monkeypatch):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     from tfm_convert.pipeline import init_random
-    from synth import write_tiny_target
+    from tfm_local.testing.synth import write_tiny_target
 
     d = tmp_path_factory.mktemp("auto")
     target = write_tiny_target(d / "target.gguf", n_layer=4, n_embd=64, seed=3)
@@ -188,7 +188,7 @@ class ScriptMarginals:
 
     def top_k(self, last_token, pos, n_draft, k):
         """The engine drafts from top_k: the real (backend) pass, then the script's top-k."""
-        from tfm_local.drafter import top_k_logprobs
+        from tfm_local.decode.draft import top_k_logprobs
 
         self.inner.top_k(last_token, pos, n_draft, k)
         return top_k_logprobs(self._scripted(pos, n_draft), k)
@@ -231,7 +231,7 @@ def fixed_draft_time(auto: AutoBudget, seconds: float) -> None:
 
 
 def plain_sp():
-    from tfm_local.sampling import SamplingParams
+    from tfm_local.decode.sampling import SamplingParams
 
     return SamplingParams()
 

@@ -2,9 +2,9 @@
 import pytest
 
 from tfm_local.engine import Engine
-from tfm_local.tokenizer import render_chat
+from tfm_local.llama.tokenizer import render_chat
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Patch 0015: the drafter keeps its injection and block-pass graphs (tiny synthetic GGUFs).
+"""Patch 0010: the drafter keeps its injection and block-pass graphs (tiny synthetic GGUFs).
 
 A drafter step decodes an injection batch (no outputs) and then the block pass (every row an
 output) on one context. Without the patch's second scheduler llama.cpp reuses neither graph (a
@@ -12,23 +12,22 @@ reserve from re-attaching the top-k sampler, a detach by ``marginals``, toggling
 import numpy as np
 import pytest
 
-from tfm_local import native
-from tfm_local.drafter import DFlashDrafter
+from tfm_local.llama import native
+from tfm_local.decode.draft import DFlashDrafter
 from tfm_local.engine import Engine
-from tfm_local.sampling import SamplingParams
-from tfm_local.target import Target
+from tfm_local.decode.sampling import SamplingParams
+from tfm_local.decode.verify import Target
 
 from test_drafter_topk import PROMPT, advance, paths  # noqa: F401  (paths: the tiny GGUF pair fixture)
 
 
 @pytest.fixture
-def trio(paths, monkeypatch):
-    """A target, a drafter with kept graphs (the default) and one without (TFM_DRAFTER_KEEP_GRAPHS=0),
+def trio(paths):
+    """A target, a drafter with kept graphs (the default) and one without (keep_graphs=False),
     both fed the prompt's features."""
     tgt = Target(paths[0], n_ctx=256, n_batch=64, n_threads=1)
     on = DFlashDrafter(paths[1], tgt, n_threads=1)
-    monkeypatch.setenv("TFM_DRAFTER_KEEP_GRAPHS", "0")
-    off = DFlashDrafter(paths[1], tgt, n_threads=1)
+    off = DFlashDrafter(paths[1], tgt, n_threads=1, keep_graphs=False)
 
     def inject(s, n):
         feats = tgt.features(slice(0, n), n)

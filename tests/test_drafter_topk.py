@@ -9,12 +9,12 @@ changes of K and interleaved ``marginals`` calls.
 import numpy as np
 import pytest
 
-from tfm_local import native
-from tfm_local.drafter import TOP_K, DFlashDrafter
-from tfm_local.engine import top_k_logprobs
-from tfm_local.target import Target
+from tfm_local.llama import native
+from tfm_local.decode.draft import TOP_K, DFlashDrafter
+from tfm_local.decode.draft import top_k_logprobs
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 from test_tree_verify import assert_rows_equal_or_close
 
 PROMPT = [11, 42, 7, 99, 3, 250, 18, 64, 5, 120, 77, 31]
@@ -45,9 +45,9 @@ def advance(tgt, drafters, last: int, drafts, n_accept: int) -> int:
     ``drafters`` (one or a list); returns the next root."""
     tokens = [int(last)] + [int(t) for t in drafts[:n_accept]]
     pos = tgt.n_past
-    logits = tgt.verify(tokens)
+    logits = tgt.verify(tokens).logits
     nxt = int(np.argmax(logits[-1]))
-    tgt.commit(len(tokens))
+    tgt.commit(range(len(tokens)))
     feats = tgt.features(np.arange(len(tokens)), len(tokens))
     for d in drafters if isinstance(drafters, list) else [drafters]:
         d.inject(feats, pos)
@@ -214,7 +214,7 @@ def test_deferred_rows_draft_like_eager_injection(paths):
     for tok in [5, 17, 240, 3]:  # four plain steps
         pos = tgt.n_past
         tgt.verify([last])
-        tgt.commit(1)
+        tgt.commit([0])
         rows = tgt.features(slice(0, 1), 1)
         eager.inject(rows, pos)
         lazy.defer(rows, pos)

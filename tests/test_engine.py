@@ -1,6 +1,6 @@
 """Engine on tiny synthetic GGUFs: losslessness, KV bookkeeping, many generations, bad input.
 
-The target is a random-weight qwen2 written by tests/synth.py; the drafter a
+The target is a random-weight qwen2 written by tfm_local/testing/synth.py; the drafter a
 random-init DFlash GGUF written by tfm_convert. A random drafter accepts
 almost nothing, so acceptance paths are driven by ``OracleDrafter``: the real
 DFlash drafter (its KV injection and drafting pass still run) whose proposals
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfm_local.drafter import DrafterMismatchError, top_k_logprobs
+from tfm_local.decode.draft import DrafterMismatchError, top_k_logprobs
 from tfm_local.engine import Engine
-from tfm_local.llm import gpu_available
-from tfm_local.llm import LlamaError
-from tfm_local.sampling import SamplingParams
-from tfm_local.target import ContextOverflowError
+from tfm_local.llama.model import gpu_available
+from tfm_local.llama.model import LlamaError
+from tfm_local.decode.sampling import SamplingParams
+from tfm_local.decode.verify import ContextOverflowError
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 
 PROMPTS = ["hello world, this is a test", "<|im_start|>user\nthe quick brown fox<|im_end|>\n", "a b c d e f"]
 

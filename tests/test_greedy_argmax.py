@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tfm_local.engine import Engine, backend_argmax_wanted
-from tfm_local.target import Target
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 from test_engine import PROMPTS, run_ids, run_with_drafter
 from test_tree_verify import TreeOracle, assert_greedy_same_or_near_tie, random_tree
 
@@ -31,7 +31,7 @@ def pair(request, tmp_path_factory):
 
 
 def test_argmax_rows_equal_host_argmax(pair):
-    """prefill / verify / verify_tree with the backend argmax equal np.argmax of the logits."""
+    """prefill / verify of chains and trees with the backend argmax equal np.argmax of the logits."""
     t = Target(pair[0], n_ctx=256, n_batch=64)
     ref = Target(pair[0], n_ctx=256, n_batch=64)
     try:
@@ -41,15 +41,15 @@ def test_argmax_rows_equal_host_argmax(pair):
         rng = np.random.default_rng(0)
         for n in (1, 5, 33):
             parents, tokens, depth = random_tree(rng, n, t.model.n_vocab)
-            ids = t.verify_tree_argmax(tokens, depth, parents)
+            ids = t.verify(tokens, parents, depth, backend_argmax=True).ids
             assert ids.dtype == np.int32 and ids.shape == (n,)
-            logits = np.asarray(ref.verify_tree(tokens, depth, parents))
+            logits = np.asarray(ref.verify(tokens, parents, depth).logits)
             assert list(ids) == list(np.argmax(logits, axis=1))
-            t.commit_tree([0])
-            ref.commit_tree([0])
+            t.commit([0])
+            ref.commit([0])
         if t.can_truncate:
             chain = rng.integers(0, t.model.n_vocab, 9)
-            assert list(t.verify_argmax(chain)) == list(np.argmax(ref.verify(chain), axis=1))
+            assert list(t.verify(chain, backend_argmax=True).ids) == list(np.argmax(ref.verify(chain).logits, axis=1))
     finally:
         t.close()
         ref.close()
@@ -68,11 +68,11 @@ def test_row_limit_and_detach(pair):
         t.prefill_argmax(prompt)
         tokens, depth, parents = np.arange(5) + 3, np.arange(5), np.arange(-1, 4)
         with pytest.raises(ValueError, match="5 output rows exceeds the backend argmax's limit of 4"):
-            t.verify_tree_argmax(tokens, depth, parents)
+            t.verify(tokens, parents, depth, backend_argmax=True)
         assert t.attach_argmax(2) and t.argmax_rows == 4    # a smaller request keeps the limit
         assert t.attach_argmax(5) and t.argmax_rows == 5    # a larger one re-attaches
-        assert len(t.verify_tree_argmax(tokens, depth, parents)) == 5
-        t.commit_tree([0, 1])
+        assert len(t.verify(tokens, parents, depth, backend_argmax=True).ids) == 5
+        t.commit([0, 1])
         logits = t.prefill(prompt)                          # the logits methods detach
         assert t.argmax_rows == 0 and logits.shape == (t.model.n_vocab,) and np.isfinite(logits).all()
     finally:
@@ -116,7 +116,7 @@ def test_engine_backend_argmax_equals_host_and_plain(pair):
 
 def test_sampling_ignores_the_backend_argmax(pair):
     """Temperature > 0 reads logits (the sampler is detached): same seed, same output as host mode."""
-    from tfm_local.sampling import SamplingParams
+    from tfm_local.decode.sampling import SamplingParams
 
     sp = SamplingParams(temperature=0.8, seed=5)
     with Engine(pair[0], None, n_ctx=256, greedy_argmax="backend") as a, \
@@ -145,7 +145,7 @@ def test_argmax_mode_choice(monkeypatch):
 
 def test_phase_times(pair):
     """Every step's time is split into PHASES; their sum stays within the decode time."""
-    from tfm_local.stats import PHASES
+    from tfm_local.decode.stats import PHASES
 
     with Engine(pair[0], pair[1], n_ctx=256, tree="ddtree", budget=8) as e:
         run_ids(e, PROMPTS[1], 16)

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from tfm_local.lossless import TIE_GAP, classify, first_divergence
-from tfm_local.target import Target
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 
 PROMPT = [11, 42, 7, 99, 3, 250, 18]
 

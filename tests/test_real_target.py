@@ -15,10 +15,10 @@ both occur whatever the drafter's quality.
 """
 import pytest
 
-from tfm_local.data import load_prompt_set
+from tfm_local.files.datasets import load_prompt_set
 from tfm_local.engine import Engine
 from tfm_local.lossless import classify
-from tfm_local.sampling import SamplingParams
+from tfm_local.decode.sampling import SamplingParams
 
 from test_engine import OracleDrafter
 

@@ -1,4 +1,4 @@
-"""tfm_local/replay.py and tfm-bench-replay: the chain replayed on recorded greedy outputs counts the
+"""tfm_local/bench/replay.py and tfm-bench-replay: the chain replayed on recorded greedy outputs counts the
 engine's own steps and tokens (tiny synthetic target; the drafter's proposals come from test_engine's
 OracleDrafter, a stand-in for a trained drafter, seeded alike for the run and its replay)."""
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from tfm_local.engine import Engine
-from tfm_local.replay import replay_chain, sequence_features
+from tfm_local.bench.replay import replay_chain, sequence_features
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 from test_engine import OracleDrafter, PROMPTS, run_ids, run_with_drafter
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfm_local.sampling import SamplingParams, sample, target_probs
+from tfm_local.decode.sampling import SamplingParams, sample, target_probs
 from tfm_local.stops import StopMatcher
 
 

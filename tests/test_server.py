@@ -1,7 +1,7 @@
 """tfm-serve as a client sees it: a real server process on loopback, the official ``openai`` client, httpx.
 
 The server runs ``python -m tfm_local.cli.serve`` on tiny synthetic GGUFs (a
-random qwen2 target with a ChatML template, tests/synth.py, and a random
+random qwen2 target with a ChatML template, tfm_local/testing/synth.py, and a random
 DFlash drafter). Answers at temperature 0 are compared with an Engine run in
 this process on the same files: the HTTP layer must not change a token.
 """
@@ -445,7 +445,7 @@ def test_tool_messages_need_a_template_that_renders_them(server):
 
 
 def test_tool_messages_through_a_template_that_renders_them(models, tmp_path):
-    from synth import write_tiny_target
+    from tfm_local.testing.synth import write_tiny_target
 
     target = write_tiny_target(tmp_path / "tools.gguf", n_layer=1, chat_template=TOOL_TEMPLATE)
     s = Server((target, models[1]), tmp_path / "tools.log", "--no-draft")

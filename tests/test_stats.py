@@ -1,7 +1,7 @@
 """GenerationStats: τ and the decode rate (the first token comes from the prefill, not a decode pass)."""
 import pytest
 
-from tfm_local.stats import GenerationStats
+from tfm_local.decode.stats import GenerationStats
 
 
 def test_rate_counts_the_tokens_of_decode_passes_over_decode_time():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gguf
-import synth
+from tfm_local.testing import synth
 
 
 def _sha(path) -> str:

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tfm_local.tree import build_chain, build_ddtree, build_wide
+from tfm_local.decode.tree import build_chain, build_ddtree, build_wide
 
 
 def marginals(rng, D, K, V=50):
@@ -74,7 +74,7 @@ def test_ddtree_is_wide_with_width_one_exactly(D, K, B):
 
 def test_chain_matches_the_list_form():
     """build_chain's arrays equal the from_lists construction it replaces (dtypes included)."""
-    from tfm_local.tree.tree import Tree
+    from tfm_local.decode.tree import Tree
 
     tok, lp = marginals(np.random.default_rng(3), 15, 4)
     for B in (0, 1, 7, 15, 40):

@@ -1,11 +1,11 @@
 """Tree mode on a Gated DeltaNet hybrid (patch 0006): tiny random-weight qwen35, qwen35moe and
 qwen3next targets (every test runs on each: the ``hybrid`` fixture is parametrized by arch).
 
-The hybrids of tests/synth.py have DeltaNet layers 0 and 2 (S_v = 16, H_k = 2 < H_v = 4: the q/k
+The hybrids of tfm_local/testing/synth.py have DeltaNet layers 0 and 2 (S_v = 16, H_k = 2 < H_v = 4: the q/k
 head broadcast of qwen35/qwen35moe, the interleaved q/k head repeat of qwen3next) and attention
 layers 1 and 3; qwen35moe and qwen3next have an MoE FFN (4 experts, 2 used, a shared expert).
 In a tree batch the DeltaNet layers run the tree ops of patch 0005 (the conv and recurrent states
-are read, not advanced) and the attention layers the tree mask of patch 0003; ``commit_tree`` then
+are read, not advanced) and the attention layers the tree mask of patch 0003; ``commit`` then
 keeps the accepted path's KV cells and advances the conv and recurrent states along the path with
 the commit ops. Checked: every node's logits equal decoding that node's path alone; committing 0,
 1, some or all nodes of a path and then decoding plainly equals plain decoding from scratch;
@@ -16,11 +16,11 @@ plain greedy decoding.
 import numpy as np
 import pytest
 
-from tfm_local import native
+from tfm_local.llama import native
 from tfm_local.engine import Engine
-from tfm_local.target import Target
+from tfm_local.decode.verify import Target
 
-from synth import HYBRID_ARCHS, write_tiny_target
+from tfm_local.testing.synth import HYBRID_ARCHS, write_tiny_target
 from test_engine import PROMPTS, run_ids, run_with_drafter
 from test_tree_verify import TreeOracle, assert_greedy_same_or_near_tie, close_or_tie, path_of
 
@@ -77,7 +77,7 @@ def ref_target(hybrid):
 def plain_logits(ref: Target, prefix: list[int], tokens: list[int]) -> np.ndarray:
     """Logits ``[len(tokens), n_vocab]`` of decoding ``tokens`` plainly after ``prefix`` (cache emptied first)."""
     ref.prefill(prefix)
-    return np.array(ref.verify(tokens))
+    return np.array(ref.verify(tokens).logits)
 
 
 @pytest.mark.parametrize("shape,n", [("chain", 8), ("star", 32), ("bushy", 64), ("forest", 48), ("bushy", 5)])
@@ -90,7 +90,7 @@ def test_node_logits_equal_path_decoding(hybrid, ref_target, shape, n):
     assert depth.max() <= 8
     tokens = rng.integers(0, t.model.n_vocab - 20, n).astype(np.int32)
     t.prefill(prompt)
-    logits = np.array(t.verify_tree(tokens, depth, parents))
+    logits = np.array(t.verify(tokens, parents, depth).logits)
     for node in range(n):
         path = [int(tokens[j]) for j in path_of(parents, node)]
         ref = plain_logits(ref_target, prompt, path)[-1]
@@ -107,14 +107,14 @@ def test_commit_then_plain_decode(hybrid, ref_target, n_commit):
     depth = depths(parents)
     tokens = rng.integers(0, t.model.n_vocab - 20, 24).astype(np.int32)
     t.prefill(prompt)
-    t.verify_tree(tokens, depth, parents)
+    t.verify(tokens, parents, depth)
     path = path_of(parents, int(np.argmax(depth)))
     keep = {"zero": 0, "one": 1, "some": len(path) // 2, "all": len(path)}[n_commit]
-    t.commit_tree(path[:keep])
+    t.commit(path[:keep])
     committed = [int(tokens[j]) for j in path[:keep]]
     assert t.ctx.pos_max() == len(prompt) + keep - 1
     probe = [5, 9, 11]
-    got = np.array(t.verify(probe))
+    got = np.array(t.verify(probe).logits)
     ref = plain_logits(ref_target, prompt + committed, probe)
     for i in range(len(probe)):
         assert close(got[i], ref[i]), f"probe row {i} after committing {keep} of {len(path)}"
@@ -133,15 +133,15 @@ def test_requests_in_a_row(hybrid, ref_target):
             n = int(rng.integers(1, 33))
             parents = make_tree(rng, ["bushy", "chain", "star", "forest"][step], n)
             tokens = rng.integers(0, t.model.n_vocab - 20, n).astype(np.int32)
-            logits = np.array(t.verify_tree(tokens, depths(parents), parents))
+            logits = np.array(t.verify(tokens, parents, depths(parents)).logits)
             node = int(rng.integers(0, n))
             ref = plain_logits(ref_target, committed, [int(tokens[j]) for j in path_of(parents, node)])[-1]
             assert close(logits[node], ref), f"request {req} step {step} node {node}"
             path = path_of(parents, node)[: int(rng.integers(0, len(path_of(parents, node)) + 1))]
-            t.commit_tree(path)
+            t.commit(path)
             committed += [int(tokens[j]) for j in path]
         probe = [7, 3]
-        got = np.array(t.verify(probe))
+        got = np.array(t.verify(probe).logits)
         ref = plain_logits(ref_target, committed, probe)
         assert close(got[0], ref[0]) and close(got[1], ref[1]), f"request {req}"
     t.close()
@@ -154,14 +154,14 @@ def test_plain_batch_of_the_tree_size_after_a_tree(hybrid, ref_target):
     t.prefill(prompt)
     parents = np.array([-1, 0, 0, 1], np.int32)
     tokens = np.array([20, 21, 22, 23], np.int32)
-    t.verify_tree(tokens, depths(parents), parents)
-    t.commit_tree([0, 1])
+    t.verify(tokens, parents, depths(parents))
+    t.commit([0, 1])
     probe = [30, 31, 32, 33]               # same shape as the tree: 4 tokens
-    got = np.array(t.verify(probe))
+    got = np.array(t.verify(probe).logits)
     ref = plain_logits(ref_target, prompt + [20, 21], probe)
     assert all(close(got[i], ref[i]) for i in range(4))
-    t.commit(4)
-    logits = np.array(t.verify_tree(tokens, depths(parents), parents))  # and a tree right after plain
+    t.commit(range(4))
+    logits = np.array(t.verify(tokens, parents, depths(parents)).logits)  # and a tree right after plain
     ref = plain_logits(ref_target, prompt + [20, 21] + probe, [20, 22])[-1]
     assert close(logits[2], ref)
     t.close()
@@ -171,27 +171,27 @@ def test_commit_needs_a_root_first_path(hybrid):
     t = Target(hybrid, n_ctx=256, n_batch=64)
     t.prefill(t.tok.encode(PROMPTS[0]))
     parents = np.array([-1, 0, 1], np.int32)
-    t.verify_tree(np.array([4, 5, 6], np.int32), depths(parents), parents)
+    t.verify(np.array([4, 5, 6], np.int32), parents, depths(parents))
     with pytest.raises(native.NativeError):
         native.tree_commit(t.ctx.ptr, [1, 2])     # not starting at a root
     t.close()
 
 
 def test_a_wrong_commit_path_leaves_the_tree_committable(hybrid, ref_target):
-    """Target.commit_tree refuses a path that is not root-to-node before the native commit (which
+    """Target.commit refuses a path that is not root-to-node before the native commit (which
     would drop the tree and leave the context unable to decode); the right path then commits."""
     t = Target(hybrid, n_ctx=256, n_batch=64)
     prompt = t.tok.encode(PROMPTS[0])
     t.prefill(prompt)
     parents = np.array([-1, 0, 1, 0], np.int32)
     tokens = np.array([4, 5, 6, 7], np.int32)
-    t.verify_tree(tokens, depths(parents), parents)
+    t.verify(tokens, parents, depths(parents))
     for bad in ([1, 2], [0, 3, 2], [0, 2], [0, 9]):
         with pytest.raises(ValueError):
-            t.commit_tree(bad)
-    t.commit_tree([0, 1])
+            t.commit(bad)
+    t.commit([0, 1])
     probe = [9, 10]
-    got = np.array(t.verify(probe))
+    got = np.array(t.verify(probe).logits)
     ref = plain_logits(ref_target, prompt + [4, 5], probe)
     assert close(got[0], ref[0]) and close(got[1], ref[1])
     t.close()
@@ -204,7 +204,7 @@ def test_verify_tree_refuses_bad_parents_or_depths(hybrid):
     for parents, depth in (([-1, 2, 0], [0, 1, 1]), ([-1, 0, -2], [0, 1, 0]), ([-1, 0, 1], [0, 1, 1]),
                            ([-1, 0], [0, 1])):
         with pytest.raises(ValueError):
-            t.verify_tree(tokens, np.array(depth), np.array(parents, np.int32))
+            t.verify(tokens, np.array(parents, np.int32), np.array(depth))
     t.close()
 
 
@@ -242,7 +242,7 @@ def test_engine_greedy_equals_plain(hybrid, hybrid_engines, mode, p_wrong):
 def test_target_refuses_to_truncate_a_hybrid(hybrid):
     t = Target(hybrid, n_ctx=256, n_batch=64)
     t.prefill(t.tok.encode(PROMPTS[0]))
-    t.verify([4, 5, 6])
+    t.verify([4, 5, 6])  # no parents: a plain causal batch
     with pytest.raises(ValueError):
-        t.commit(1, 3)
+        t.commit([0])
     t.close()

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from tfm_local.engine import Engine
-from tfm_local.llm import gpu_available
+from tfm_local.llama.model import gpu_available
 from tfm_local.lossless import classify
-from tfm_local.sampling import SamplingParams, target_probs
-from tfm_local.target import Target
+from tfm_local.decode.sampling import SamplingParams, target_probs
+from tfm_local.decode.verify import Target
 
-from synth import write_tiny_target
+from tfm_local.testing.synth import write_tiny_target
 from test_engine import OracleDrafter, PROMPTS, run_ids, run_with_drafter
 
 
@@ -143,16 +143,16 @@ def test_node_logits_equal_path_decoding(target_path, shape):
         depth[i] = depth[parents[i]] + 1
     tokens = rng.integers(0, tree_t.model.n_vocab - 20, n).astype(np.int32)
     tree_t.prefill(prompt)
-    logits = np.array(tree_t.verify_tree(tokens, depth, parents))
+    logits = np.array(tree_t.verify(tokens, parents, depth).logits)
     for node in range(n):
         ref_t.prefill(prompt)
-        ref = np.array(ref_t.verify([int(tokens[j]) for j in path_of(parents, node)]))[-1]
+        ref = np.array(ref_t.verify([int(tokens[j]) for j in path_of(parents, node)]).logits)[-1]
         assert close(logits[node], ref), f"node {node} (depth {depth[node]}) differs from its path"
     # commit the deepest path: the next decode equals plain decoding of prompt + path
     leaf = int(np.argmax(depth))
     path = path_of(parents, leaf)
-    tree_t.commit_tree(path)
-    nxt = np.array(tree_t.verify([5]))[0]
+    tree_t.commit(path)
+    nxt = np.array(tree_t.verify([5]).logits)[0]
     ref_t.prefill(prompt + [int(tokens[j]) for j in path] + [5])
     assert close(nxt, np.array(ref_t.ctx.logits(1))[0])
     tree_t.close()
@@ -168,12 +168,12 @@ def test_commit_root_only_and_repeat(target_path):
     committed = list(prompt)
     for step in range(6):  # several tree steps in a row, committing 1..k nodes
         parents, tokens, depth = random_tree(rng, 12, t.model.n_vocab - 20)
-        t.verify_tree(tokens, depth, parents)
+        t.verify(tokens, parents, depth)
         node = int(rng.integers(0, 12)) if step else 0
         path = path_of(parents, node)
-        t.commit_tree(path)
+        t.commit(path)
         committed += [int(tokens[j]) for j in path]
-    probe = np.array(t.verify([7]))[0]
+    probe = np.array(t.verify([7]).logits)[0]
     r.prefill(committed + [7])
     assert close(probe, np.array(r.ctx.logits(1))[0])
     t.close()
@@ -210,16 +210,16 @@ def test_gemma3_small_swa_cache_wraps_around(tmp_path):
     r.prefill(prompt)
     while t.n_past < 400:  # past 256 cells: the SWA cache has wrapped around
         parents, tokens, depth = random_tree(rng, 40, t.model.n_vocab - 20)
-        logits = np.array(t.verify_tree(tokens, depth, parents))
+        logits = np.array(t.verify(tokens, parents, depth).logits)
         node = int(np.argmax(depth)) if rng.random() < 0.5 else int(rng.integers(0, 40))
         path = path_of(parents, node)
-        ref = np.array(r.verify([int(tokens[j]) for j in path]))
+        ref = np.array(r.verify([int(tokens[j]) for j in path]).logits)
         for k, j in enumerate(path):
             assert close_or_tie(logits[j], ref[k]), f"at {t.n_past}: node {j} (depth {depth[j]}) differs"
-        t.commit_tree(path)
-        r.commit(len(path))
-    probe = np.array(t.verify([7]))[0]
-    assert close_or_tie(probe, np.array(r.verify([7]))[0])
+        t.commit(path)
+        r.commit(range(len(path)))
+    probe = np.array(t.verify([7]).logits)[0]
+    assert close_or_tie(probe, np.array(r.verify([7]).logits)[0])
     t.close()
     r.close()
 

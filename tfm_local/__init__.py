@@ -12,6 +12,6 @@ def __getattr__(name):
         from .engine import Engine
         return Engine
     if name == "SamplingParams":
-        from .sampling import SamplingParams
+        from .decode.sampling import SamplingParams
         return SamplingParams
     raise AttributeError(name)

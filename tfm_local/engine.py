@@ -1,30 +1,25 @@
-"""The generate loop: prefill, then draft → verify → accept → commit until done.
+"""The generate loop: prefill, then one decode step after another until done (gpt-fast style).
 
-One decode step (shared/DESIGN.md §1): the drafter proposes a chain of k
-tokens after the last emitted token; the target verifies ``[last, d_1..d_k]``
-in one pass; the acceptance walk (accept.py) emits the accepted drafts and
-one token of the target's own; both KV caches are brought to the committed
-prefix and the accepted tokens' features are injected into the drafter.
-With no drafter or ``budget=0`` the same loop is plain decoding.
+``Engine`` holds the target, the optional drafter and the draft settings; ``_token_stream`` prefills
+the prompt and calls ``decode.step.run_step`` (draft → tree → verify → accept → commit) until
+``max_tokens`` or the end of the context, feeding each step's record to the statistics and the
+automatic budget. With no drafter or ``budget=0`` the same loop is plain decoding. The stages live in
+``tfm_local/decode/`` (one module each); the method and its sources in docs/design.md §1.
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
-import numpy as np
-
-from .accept import walk_tree
-from .budget import AutoBudget, PassCosts, gain_curve
-from .drafter import DFlashDrafter, top_k_logprobs  # noqa: F401  (top_k_logprobs: re-exported)
-from .sampling import SamplingParams, TokenChooser
-from .stats import GenerationStats, PhaseClock
+from .decode.budget import AutoBudget, PassCosts
+from .decode.draft import DFlashDrafter
+from .decode.sampling import SamplingParams, TokenChooser
+from .decode.stats import GenerationStats
+from .decode.step import TREE_SHAPES, DraftShape, run_step
+from .decode.verify import Target
+from .llama.tokenizer import StreamDecoder, encode_chat
 from .stops import StopMatcher
-from .target import Target
-from .tree import BUILDERS, Tree, build_chain, build_wide
-from .tokenizer import StreamDecoder, encode_chat
 
 
 DEFAULT_TREE_BUDGET = 63
@@ -35,7 +30,7 @@ DEFAULT_TREE_BUDGET = 63
 #: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto". From measurements: on the
 #: 2-core CPU equal within noise (docs/cpu.md), so "host"; on the H200 the backend argmax (one
 #: ggml_argmax over all rows, patch 0007's multi-block kernel) made a 16-token verify 4.33 ms and a
-#: 64-token one 7.24 ms against 4.86 and 10.5 with the logits copied (docs/gpu-h200.md, 2026-11-30).
+#: 64-token one 7.24 ms against 4.86 and 10.5 with the logits copied (docs/gpu.md, 2026-11-30).
 ARGMAX_MODES = ("auto", "backend", "host")
 CPU_ARGMAX = "host"
 GPU_ARGMAX = "backend"
@@ -85,9 +80,9 @@ class Engine:
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
                  tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto",
                  draft_vocab: str | os.PathLike = "auto"):
-        from .drafters import check_draft_vocab_mode, draft_vocab_on, resolve_drafter
-        from .llm import gpu_available
-        from .models import DEFAULT_TARGET, resolve_model
+        from .files.drafters import check_draft_vocab_mode, draft_vocab_on, resolve_drafter
+        from .llama.model import gpu_available
+        from .files.models import DEFAULT_TARGET, resolve_model
 
         backend_argmax_wanted(greedy_argmax, False)  # a bad mode fails before any model is loaded
         check_draft_vocab_mode(draft_vocab)
@@ -101,7 +96,7 @@ class Engine:
             dpath = resolve_drafter(drafter, target_path, draft_vocab_on(draft_vocab, on_gpu))
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)
-        if tree not in ("chain", *BUILDERS):
+        if tree not in TREE_SHAPES:
             raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
         if int(tree_width) < 1 or not 1 <= int(tree_top_k) <= self.target.model.n_vocab:
             raise ValueError(f"tree_width must be >= 1 and tree_top_k in 1..n_vocab "
@@ -114,7 +109,6 @@ class Engine:
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
-        self._argmax = False  # this generation reads greedy choices from the backend argmax
 
     # -- public API ----------------------------------------------------------------------
     def set_budget(self, budget: int | str | None) -> None:
@@ -151,7 +145,7 @@ class Engine:
         Raises ValueError for an unknown shape (nothing changed) or a bad budget (as ``set_budget``;
         the previous shape is restored).
         """
-        if tree not in ("chain", *BUILDERS):
+        if tree not in TREE_SHAPES:
             raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
         old = self.tree_mode
         self.tree_mode = tree
@@ -242,17 +236,20 @@ class Engine:
         if dft is not None:
             dft.reset()
         on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft else None
-        self._argmax = sp.greedy and self.backend_argmax and tgt.attach_argmax(self._max_rows())
-        if self._argmax:
-            last = tgt.prefill_argmax(prompt_ids, on_chunk)
-        else:
-            last = choose(tgt.prefill(prompt_ids, on_chunk))
+        argmax = sp.greedy and self.backend_argmax and tgt.attach_argmax(self._max_rows())
+        last = tgt.prefill_argmax(prompt_ids, on_chunk) if argmax else choose(tgt.prefill(prompt_ids, on_chunk))
         st.t_prefill = time.perf_counter() - t0
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
         yield last
+        shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width)
+        auto = self.auto if dft is not None else None
         while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
-            for t in self._step(last, max_tokens - st.n_generated, choose, st):
+            rec = run_step(tgt, dft, shape, self.budget, auto, last, max_tokens - st.n_generated, choose, argmax)
+            st.add_step(rec)
+            if auto is not None:
+                auto.observe(rec)
+            for t in rec.tokens:
                 st.n_generated += 1
                 st.t_total = time.perf_counter() - t0
                 yield t
@@ -261,98 +258,6 @@ class Engine:
     def _max_rows(self) -> int:
         """The most rows one verification of this generation can have (root + budget drafts)."""
         return min(self.budget + 1, self.target.n_batch) if self.active_drafter is not None else 1
-
-    def _step(self, last: int, remaining: int, choose: TokenChooser, st: GenerationStats) -> list[int]:
-        """One draft → verify → accept → commit step; returns the tokens it emits."""
-        tgt, dft = self.target, self.active_drafter
-        pos = tgt.n_past
-        k_max = min(self.budget, remaining - 1, tgt.n_ctx - pos - 1, tgt.n_batch - 1)
-        auto = self.auto if dft is not None else None
-        k = auto.choose(k_max) if auto is not None else k_max
-        clock = PhaseClock(st.t_phases)
-        submitted = functools.partial(clock.mark, "submit")
-        t0 = clock.t
-        k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
-        drafting = dft is not None and k > 0
-        tree, curve = self._draft(dft, last, pos, k, k_plan, auto is not None, clock) if drafting else (None, None)
-        t1 = clock.t
-        if tree is not None and (self.tree_mode != "chain" or not tgt.can_truncate):
-            pick = self._verify_tree(tree, choose, submitted)
-            clock.mark("verify")
-            walk = walk_tree(tree.parents, tree.tokens, pick, max_tokens=remaining)
-            tgt.commit_tree(walk.path)
-            n_nodes, rows = len(tree), tgt.tree_rows(walk.path)
-        else:
-            tokens = tree.tokens if tree is not None else np.asarray([last])
-            pick = self._verify_chain(tokens, choose, submitted)
-            clock.mark("verify")
-            walk = walk_tree(np.arange(-1, len(tokens) - 1), tokens, pick, max_tokens=remaining)
-            tgt.commit(len(walk.path), len(tokens))
-            n_nodes, rows = len(tokens), np.asarray(walk.path)
-        clock.mark("accept")
-        t2 = clock.t
-        if dft is not None:  # a plain step's row waits for the next draft (one batched pass)
-            (dft.inject if tree is not None else dft.defer)(tgt.features(rows, n_nodes), pos)
-        clock.mark("drafter")
-        t3 = clock.t
-        st.t_draft += t1 - t0 + t3 - t2
-        st.t_verify += t2 - t1
-        st.n_steps += 1
-        st.n_step_tokens += len(walk.tokens)
-        st.n_drafted += n_nodes - 1
-        st.n_spec_steps += tree is not None
-        if auto is not None and tree is None:
-            auto.observe_plain(t2 - t1)
-        elif auto is not None:
-            auto.observe_spec(n_nodes, t2 - t1, t1 - t0 + t3 - t2, curve, k, len(walk.tokens) - 1)
-        return walk.tokens
-
-    def _verify_chain(self, tokens: np.ndarray, choose: TokenChooser,
-                      submitted: Callable[[], None]) -> Callable[[int], int]:
-        """Verify ``[root, drafts...]`` in one target pass; returns the target's choice per row index
-        (the backend argmax's ids in this generation's greedy backend mode, else ``choose`` on the
-        row's logits). ``submitted`` is called once the decode call has returned (Target's on_submit)."""
-        if self._argmax:
-            ids = self.target.verify_argmax(tokens, submitted)
-            return lambda node: int(ids[node])
-        logits = self.target.verify(tokens, submitted)
-        return lambda node: choose(logits[node])
-
-    def _verify_tree(self, tree: Tree, choose: TokenChooser, submitted: Callable[[], None]) -> Callable[[int], int]:
-        """``_verify_chain`` for a draft tree (Target.verify_tree); the choice per node index."""
-        if self._argmax:
-            ids = self.target.verify_tree_argmax(tree.tokens, tree.depth, tree.parents, submitted)
-            return lambda node: int(ids[node])
-        logits = self.target.verify_tree(tree.tokens, tree.depth, tree.parents, submitted)
-        return lambda node: choose(logits[node])
-
-    def _draft(self, dft: DFlashDrafter, last: int, pos: int, k: int, k_plan: int,
-               with_curve: bool, clock: PhaseClock) -> tuple[Tree, np.ndarray | None]:
-        """One drafter pass → the draft of ``k`` tokens (chain, DDTree or w-wide tree).
-
-        ``with_curve`` (auto budget): the tree is first built for ``k_plan`` ≥ k
-        nodes to get the gain curve ``[k_plan]`` (budget.gain_curve), then cut
-        to its first ``k`` nodes; otherwise ``k_plan == k`` and the curve is None.
-        The caller bounds ``k_plan`` by the room in the context (every node takes a KV cell).
-        ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
-        """
-        depth = min(dft.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
-        if self.tree_mode == "chain" and not with_curve:
-            drafts = np.asarray(dft.draft_chain(last, pos, k), dtype=np.int64)
-            clock.mark("drafter")
-            tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
-            clock.mark("tree")
-            return tree, None
-        cand, logp = dft.top_k(last, pos, depth, 1 if self.tree_mode == "chain" else self.tree_top_k)
-        clock.mark("drafter")
-        if self.tree_mode == "wide":
-            tree = build_wide(last, cand, logp, k_plan, width=self.tree_width)
-        else:
-            tree = (build_chain if self.tree_mode == "chain" else BUILDERS[self.tree_mode])(last, cand, logp, k_plan)
-        curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
-        tree = tree.truncate(k) if with_curve else tree
-        clock.mark("tree")
-        return tree, curve
 
     def close(self) -> None:
         """Free both models and contexts; later calls raise RuntimeError (idempotent)."""

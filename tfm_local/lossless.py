@@ -2,7 +2,7 @@
 
 At temperature 0 speculative decoding must emit the target's own greedy tokens. Batched
 verification computes the same logits as one-token decoding up to float rounding (other
-reduction orders, other kernels on CUDA; Q4 targets move by up to ~0.2, shared/DESIGN.md §3),
+reduction orders, other kernels on CUDA; Q4 targets move by up to ~0.2, docs/design.md §3),
 so where the target's best logits nearly tie, the two runs may pick different tokens and then
 continue differently. A divergence is a near-tie when, at its first differing position, the
 logits of both tokens (from a prefill of the common prefix) lie within ``TIE_GAP`` of the best;
@@ -45,7 +45,7 @@ def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[in
              gap: float = TIE_GAP, rel: float | None = None) -> Divergence | None:
     """Check a divergence of ``out`` from the plain greedy output ``ref`` (None when equal).
 
-    ``target`` is a :class:`tfm_local.target.Target`; its KV cache is reset by a prefill of
+    ``target`` is a :class:`tfm_local.decode.verify.Target`; its KV cache is reset by a prefill of
     ``prompt_ids + ref[:i]`` (float32 logits ``[n_vocab]`` of the next token). Outputs that differ
     only in length (one stopped earlier) are not a near-tie. With ``rel`` the tie gap is ``rel``
     times the largest |logit| there instead of ``gap`` (a tolerance relative to the logits' scale).

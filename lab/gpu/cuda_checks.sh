@@ -56,10 +56,7 @@ touch ${ST:-~/st}/timing.done
 TESTS="tests/test_tree_gdn_ops.py tests/test_top_k_op.py tests/test_greedy_argmax.py tests/test_drafter_topk.py
   tests/test_tree_verify.py tests/test_tree_gdn_model.py tests/test_draft_vocab.py tests/test_drafter_graphs.py"
 python3 -m pytest -q -p no:cacheprovider -ra $TESTS > $O/tests.log 2>&1
-for w in 4 16; do
-  TFM_CUDA_GDN_SOLVE_WARPS=$w python3 -m pytest -q -p no:cacheprovider -ra tests/test_tree_gdn_ops.py \
-    tests/test_tree_gdn_model.py > $O/tests-warps$w.log 2>&1
-done
+# (other solve warp counts: apply ggml_ops/dev/cuda-gdn-tree-ab-switches.patch and set TFM_CUDA_GDN_SOLVE_WARPS)
 # the level-ordered solve under compute-sanitizer (the real library, through the op tests on the GPU: trees to 160 nodes,
 # paths deeper than 32): shared-memory races, out-of-bounds accesses, barrier misuse
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)

@@ -124,7 +124,7 @@ class Chat:
     """A conversation with the engine: history, system prompt, settings and stats, driven by lines."""
 
     def __init__(self, engine, args):
-        from ..stats import GenerationStats
+        from ..decode.stats import GenerationStats
 
         self.engine, self.args = engine, args
         self.system: str | None = args.system
@@ -158,7 +158,7 @@ class Chat:
 
     def send(self, text: str) -> bool:
         """Send one user message and stream the answer into the conversation."""
-        from ..target import ContextOverflowError
+        from ..decode.verify import ContextOverflowError
 
         self.history.append({"role": "user", "content": text})
         try:
@@ -305,7 +305,7 @@ def interactive(engine, args) -> None:
 
 def run(args) -> None:
     """Build the engine, then answer ``--prompt`` or chat; errors end the program with a message."""
-    from ..sampling import SamplingParams
+    from ..decode.sampling import SamplingParams
 
     if args.max_tokens < 1:
         fail("--max-tokens must be >= 1")

@@ -24,7 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from ..stats import GenerationStats
+from ..decode.stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
 from .middleware import BearerAuth, BodyLimit
 from .messages import template_messages, template_renders_tools

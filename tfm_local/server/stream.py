@@ -37,8 +37,8 @@ import anyio
 import anyio.to_thread
 from fastapi.sse import EventSourceResponse, format_sse_event
 
-from ..stats import GenerationStats
-from ..target import ContextOverflowError
+from ..decode.stats import GenerationStats
+from ..decode.verify import ContextOverflowError
 from .errors import APIError, internal_error, log
 
 _END = object()

@@ -1,6 +1,6 @@
 """The DFlash drafter, run by llama.cpp's ``dflash`` architecture from GGUF.
 
-Method: DFlash (block diffusion drafting; shared/DESIGN.md §2, §5). The
+Method: DFlash (block diffusion drafting; docs/design.md §2, §5). The
 target's layer-input features of every committed token are projected by
 ``fc`` + RMSNorm and written straight into each drafter layer's K/V (an
 embedding batch, KV injection). A draft is one non-causal pass over
@@ -25,9 +25,9 @@ a raw decode of a token block on ``ctx`` does not fill ``ctx.logits``.
 Graph reuse: each step decodes an injection batch (no outputs) and the block pass (all
 outputs) on ``ctx``. llama.cpp reuses a kept graph only if it was the last one its scheduler
 allocated, so with one scheduler neither graph is ever reused; the drafter therefore turns on
-patch 0015's second scheduler for the graphs without outputs (``native.keep_graphs``): the
+patch 0010's second scheduler for the graphs without outputs (``native.keep_graphs``): the
 block pass's graph is then reused every step, the injection's whenever its row count repeats.
-``TFM_DRAFTER_KEEP_GRAPHS=0`` leaves it off (for A/B timing).
+``DFlashDrafter(keep_graphs=False)`` leaves it off (tests compare the two).
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ import os
 import llama_cpp as lc
 import numpy as np
 
-from . import native
-from .llm import Context, Model
-from .target import Target
+from ..llama import native
+from ..llama.model import Context, Model
+from .verify import Target
 
 
 def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,12 +68,14 @@ class DFlashDrafter:
         path: drafter GGUF (arch ``dflash``).
         target: the Target whose features it reads and whose embeddings/LM head it shares.
         kv_type: drafter KV cache type ("f16", "q8_0").
+        keep_graphs: reuse the block pass's graph across steps (a second scheduler for the graphs
+            without outputs, see the module doc); False only to compare against.
     Raises:
         DrafterMismatchError: wrong architecture, hidden size, vocabulary or target layers.
     """
 
     def __init__(self, path: str | os.PathLike, target: Target, kv_type: str = "f16",
-                 n_threads: int | None = None, n_gpu_layers: int = -1):
+                 n_threads: int | None = None, n_gpu_layers: int = -1, keep_graphs: bool = True):
         self.model = Model(path, n_gpu_layers=n_gpu_layers)
         self.target = target
         self._check_compat()
@@ -90,8 +92,7 @@ class DFlashDrafter:
         self.ctx = Context(self.model, n_ctx=target.n_ctx, n_batch=n_ub, n_ubatch=n_ub, kv_type=kv_type,
                            n_threads=n_threads, ctx_other=target.ctx)
         lc.llama_set_causal_attn(self.ctx.ptr, False)
-        self.keep_graphs = (os.environ.get("TFM_DRAFTER_KEEP_GRAPHS", "1") != "0"
-                            and native.keep_graphs(self.ctx.ptr, True))
+        self.keep_graphs = keep_graphs and native.keep_graphs(self.ctx.ptr, True)
         target.set_features(self.layers)
         self.n_injected = 0
         self._pending: list[np.ndarray] = []  # deferred feature rows, from position n_injected on

@@ -3,7 +3,7 @@
 ``TinyVocab`` builds a small tokenizer: the 256 byte tokens, merges learned from a short built-in
 text, the ChatML special tokens and unused padding ids up to any vocabulary size (token type
 UNUSED, the way Hugging Face conversions pad a vocabulary), written as llama.cpp's ``gpt2``
-tokenizer keys. Used by ``tfm_local.synth_hybrid`` and the tests' ``tests/synth.py``.
+tokenizer keys. Used by ``tfm_local.testing.hybrid`` and ``tfm_local.testing.synth``.
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ..replay import replay_chain, sequence_features
-from .common import check_writable, fail, positive_int, run_record, write_json
+from .replay import replay_chain, sequence_features
+from ..cli.common import check_writable, fail, positive_int, run_record, write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,8 +63,8 @@ def main(argv=None) -> None:
     target = args.target or bench.get("target")
     if not target:
         fail("--from names no target: give --target")
-    from ..llm import LlamaError
-    from ..models import ModelError
+    from ..llama.model import LlamaError
+    from ..files.models import ModelError
 
     try:
         runs = replay_all(args, target, outputs, int(bench.get("max_tokens") or 256))
@@ -80,8 +80,8 @@ def main(argv=None) -> None:
 
 def replay_all(args, target: str, outputs: dict, max_tokens: int) -> list[dict]:
     """Replay every recorded output with every drafter; one run record per drafter, set and prompt."""
-    from ..drafter import DFlashDrafter
-    from ..drafters import resolve_drafter
+    from ..decode.draft import DFlashDrafter
+    from ..files.drafters import resolve_drafter
     from ..engine import Engine
 
     engine = Engine(target, None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
@@ -113,7 +113,7 @@ def replay_all(args, target: str, outputs: dict, max_tokens: int) -> list[dict]:
 
 def _sequences(engine, outputs: dict):
     """(set, prompt id, prompt length, output, features of prompt + output) of every recorded output."""
-    from ..data import load_prompt_set
+    from ..files.datasets import load_prompt_set
 
     for s, by_id in outputs.items():
         prompts = {p.id: p for p in load_prompt_set(s)}
@@ -124,7 +124,7 @@ def _sequences(engine, outputs: dict):
 
 def summarize(runs: list[dict]) -> list[dict]:
     """τ per drafter and set (and per MT-Bench category): step tokens over steps, as tfm-bench's."""
-    from ..data import load_prompt_set
+    from ..files.datasets import load_prompt_set
 
     category = {p.id: p.meta["category"] for p in load_prompt_set("mtbench")} if any(
         r["set"] == "mtbench" for r in runs) else {}

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import native, tree_ops
-from .tree import Tree, build_ddtree
+from ..llama import native
+from ..testing import gdn_ops as tree_ops
+from ..decode.tree import Tree, build_ddtree
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def tree_from_parents(parents: np.ndarray) -> Tree:
 
 
 def load_trees(path: str, count: int) -> list[tuple[int, str | None, Tree]]:
-    """``count`` trees of a tree file (docs/capture_trees.py: ``parents`` int ``[n_trees, N]``, one row per
+    """``count`` trees of a tree file (lab/capture_trees.py: ``parents`` int ``[n_trees, N]``, one row per
     real draft tree, and optionally ``set``, the prompt set of each), spread over its range of per-branch
     cost: sorted by the tokens per-branch verification processes (the sum of root-to-leaf path lengths),
     the trees at ``count`` evenly spaced ranks, lowest and highest included (the median one for
@@ -95,7 +96,7 @@ def load_trees(path: str, count: int) -> list[tuple[int, str | None, Tree]]:
         raise ValueError(f"{path}: not an .npz archive (a single array)")
     with f:
         if "parents" not in f.files:
-            raise ValueError(f"{path}: no 'parents' array (expected docs/capture_trees.py's output)")
+            raise ValueError(f"{path}: no 'parents' array (expected lab/capture_trees.py's output)")
         try:
             rows = np.asarray(f["parents"])
             sets = [str(x) for x in f["set"]] if "set" in f.files else None

@@ -2,10 +2,11 @@
 
 llama-cpp-python binds the public llama.h API and part of llama-ext.h; the
 rest of what the driver needs is exported with C linkage by
-``ggml_ops/src/tfm-ext.h`` and bound here. The library is opened by soname
+``ggml_ops/src/tfm-ext.h`` (and, for tests and benchmarks, the op harness of
+``ggml_ops/src/tfm-op-harness.h``) and bound here. The library is opened by soname
 (``libllama.so.0``) *after* ``llama_cpp`` has loaded it, so the process holds
 one copy of llama.cpp and ggml (opening by file path would load a second one;
-see shared/DESIGN.md §2).
+see docs/design.md §2).
 """
 from __future__ import annotations
 
@@ -220,7 +221,7 @@ class TopKAttachment:
 def keep_graphs(ctx, on: bool = True) -> bool:
     """Give the graphs of ``ctx``'s batches without outputs a scheduler of their own (``on``), or drop it.
 
-    Patch 0015: llama.cpp reuses a kept graph only if its scheduler allocated nothing since, so a
+    Patch 0010: llama.cpp reuses a kept graph only if its scheduler allocated nothing since, so a
     context that alternates batches without outputs and batches with outputs (the drafter's KV
     injection and block pass) rebuilds both graphs every step; with the switch on each kind keeps
     its own allocation and is reused while its shape holds (``graphs_reused`` counts), at the cost
@@ -255,7 +256,7 @@ def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, logp
 
 
-# op ids of tfm_test_op (tfm-ext.h)
+# op ids of tfm_test_op (tfm-op-harness.h)
 TEST_OPS = {"gdn": 0, "gdn_tree": 1, "gdn_commit": 2, "conv": 3, "conv_tree": 4, "conv_commit": 5, "top_k": 6, "argmax": 7}
 
 
@@ -297,7 +298,7 @@ def _check_rc(rc: int, op: str, device: str, what: str) -> None:
 def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n_threads: int = 2) -> np.ndarray:
     """Run one ggml op (``TEST_OPS``) on host arrays through ``tfm_test_op``; returns float32 ``[out_size]``.
 
-    ``srcs`` are numpy arrays in the op's argument order (see tfm-ext.h), float32 or int32,
+    ``srcs`` are numpy arrays in the op's argument order (see tfm-op-harness.h), float32 or int32,
     of at most 4 dimensions; numpy shape ``(d3, d2, d1, d0)`` is ggml's ``ne = [d0, d1, d2, d3]``.
     ``out_size`` must be the result's element count. The result tensor is NaN-filled before the
     run. ``device``: ``"cpu"`` (``n_threads`` threads) or ``"gpu"`` (the first GPU device).
@@ -314,7 +315,7 @@ def run_op(op: str, srcs, out_size: int, iparam: int = 0, device: str = "cpu", n
     return out
 
 
-BENCH_MAX_REPEAT = 64  # TFM_BENCH_MAX_REPEAT of tfm-ext.h
+BENCH_MAX_REPEAT = 64  # TFM_BENCH_MAX_REPEAT of tfm-op-harness.h
 
 
 def op_time(ms_1: np.ndarray, ms_r: np.ndarray, n_repeat: int) -> float:

@@ -1,10 +1,10 @@
-"""One full verify step of a Gated-DeltaNet hybrid target (qwen35), three ways (issue #6).
+"""One full verify step of a Gated-DeltaNet hybrid target (qwen35), three ways (docs/gdn-tree.md).
 
 After a prompt of P tokens, a DDTree-shaped draft tree of N nodes (``gdn_bench.ddtree``: root +
 N − 1 drafts, depth <= ``MAX_DEPTH`` nodes) is verified:
 
-- **tree** (``TreeMode``): ``Target.verify_tree`` over the N nodes in one batch (patch 0006's tree
-  mode), then ``Target.commit_tree`` of the deepest path (timed apart);
+- **tree** (``TreeMode``): ``Target.verify`` over the N nodes in one batch (patch 0006's tree
+  mode), then ``Target.commit`` of the deepest path (timed apart);
 - **per-branch** (``BranchMode``): every root-to-leaf path as its own sequence of one llama.cpp
   batch: a context with ``n_seq_max`` = leaves + 1 and a unified KV cache, the prompt in sequence
   0, ``llama_memory_seq_cp`` 0 → s (shares the prompt's KV cells, the recurrent cell is copied in
@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 import llama_cpp as lc
 import numpy as np
 
-from . import gdn_bench
-from .llm import Context, LlamaError
-from .target import Target
-from .tree import Tree
+from . import gdn as gdn_bench
+from ..llama.model import Context, LlamaError
+from ..decode.verify import Target
+from ..decode.tree import Tree
 
 MAX_DEPTH = gdn_bench.MAX_DEPTH
 #: logits tolerance, relative to the reference row's largest |logit| (tests/test_tree_gdn_model.py)
@@ -124,11 +124,11 @@ class TreeMode:
         copy), verify ms, commit ms)."""
         self.restore()
         t0 = time.perf_counter()
-        rows = self.target.verify_tree(tree.tokens, tree.depth, tree.parents)
+        rows = self.target.verify(tree.tokens, tree.parents, tree.depth).logits
         t1 = time.perf_counter()
         logits = np.asarray(rows).copy()
         t2 = time.perf_counter()
-        self.target.commit_tree(path)
+        self.target.commit(path)
         lc.llama_synchronize(self.target.ctx.ptr)
         t3 = time.perf_counter()
         return logits, _ms(t0, t1), _ms(t2, t3)

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 import gguf
-from tfm_local.synth_hybrid import ARCHS as HYBRID_ARCHS
-from tfm_local.synth_hybrid import ExpertShape, HybridShape, write_hybrid
-from tfm_local.synth_vocab import (CHATML_TEMPLATE, SPECIAL_TOKENS, TinyVocab, byte_to_unicode,  # noqa: F401
+from .hybrid import ARCHS as HYBRID_ARCHS
+from .hybrid import ExpertShape, HybridShape, write_hybrid
+from .vocab import (CHATML_TEMPLATE, SPECIAL_TOKENS, TinyVocab, byte_to_unicode,  # noqa: F401
                                    learn_merges)
 
 _SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3") + HYBRID_ARCHS
@@ -223,9 +223,9 @@ def write_tiny_qwen35(path: str | Path, *, n_layer: int = 4, n_embd: int = 64, n
                       n_k_heads: int = 2, n_v_heads: int = 4, d_conv: int = 4, seed: int = 0,
                       n_vocab: int | None = None, chat_template: str = CHATML_TEMPLATE) -> Path:
     """Write a random-weight qwen35 (Gated DeltaNet hybrid) GGUF, F32, tied embeddings: the
-    keyword arguments of ``tfm_local.synth_hybrid.HybridShape`` (layer il is attention when
+    keyword arguments of ``tfm_local.testing.hybrid.HybridShape`` (layer il is attention when
     (il + 1) % full_attn_interval == 0; defaults: layers 0, 2 DeltaNet, 1, 3 attention, S = 16,
-    H_k = 2, H_v = 4) written by ``tfm_local.synth_hybrid.write_qwen35``.
+    H_k = 2, H_v = 4) written by ``tfm_local.testing.hybrid.write_qwen35``.
 
     Returns the path written; raises ValueError for an inconsistent shape (HybridShape.validate).
     """
@@ -244,7 +244,7 @@ def write_tiny_hybrid(path: str | Path, *, arch: str = "qwen35", n_layer: int = 
                       n_vocab: int | None = None, chat_template: str = CHATML_TEMPLATE) -> Path:
     """Write a random-weight Gated DeltaNet hybrid GGUF of ``arch`` ("qwen35", "qwen35moe" or
     "qwen3next"), F32, tied embeddings: the keyword arguments of ``HybridShape`` and ``ExpertShape`` written by
-    ``tfm_local.synth_hybrid.write_hybrid``. The defaults are the tiny test models: layers 0, 2
+    ``tfm_local.testing.hybrid.write_hybrid``. The defaults are the tiny test models: layers 0, 2
     DeltaNet, 1, 3 attention, S = 16, H_k = 2, H_v = 4; for the MoE archs 4 experts of width 32,
     all 4 used per token, and a shared expert of width 64 (qwen35 ignores the expert sizes). All
     experts are used so that the router's top-k selection, a discontinuous function, cannot flip

@@ -51,6 +51,17 @@ class GenerationStats:
     finish_reason: str = ""
     t_phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))  # see PHASES
 
+    def add_step(self, rec) -> None:
+        """Count one decode step (a ``step.StepRecord``): its tokens, drafts and time split."""
+        self.n_steps += 1
+        self.n_step_tokens += len(rec.tokens)
+        self.n_drafted += rec.n_nodes - 1
+        self.n_spec_steps += rec.speculative
+        self.t_draft += rec.t_draft
+        self.t_verify += rec.t_verify
+        for phase, seconds in rec.phases.items():
+            self.t_phases[phase] += seconds
+
     @property
     def tau(self) -> float:
         return self.n_step_tokens / self.n_steps if self.n_steps else 0.0

@@ -200,6 +200,14 @@ class AutoBudget:
         self._plain_kept = self.recheck - 1 if b == 0 else 0
         return b
 
+    def observe(self, rec) -> None:
+        """Learn from one decode step (a ``step.StepRecord``): a plain step's pass cost, or a speculative
+        step's pass cost, drafting time, gain curve and acceptance."""
+        if rec.speculative:
+            self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft, rec.curve, rec.budget, rec.n_accepted)
+        else:
+            self.observe_plain(rec.t_verify)
+
     def observe_plain(self, seconds: float) -> None:
         """A plain step's target pass (1 token) took ``seconds``."""
         self.costs.record(1, seconds)

@@ -1,6 +1,6 @@
 """Benchmark upstream llama.cpp's own DFlash chain (``llama-speculative-simple``) on tfm-bench's prompts.
 
-The comparison point of issue 4: the same target and drafter GGUFs and the same prompt sets
+The comparison point for our chain and trees (docs/gpu.md): the same target and drafter GGUFs and the same prompt sets
 (first N prompts, the target's chat template, greedy, ``--max-tokens`` new tokens) run through
 upstream's example program, built from the pinned llama.cpp source without our speculative
 patches. The pinned qwen2 graph does not expose the layer inputs DFlash reads (upstream aborts with
@@ -10,7 +10,7 @@ patches. The pinned qwen2 graph does not expose the layer inputs DFlash reads (u
     patch -p1 < ggml_ops/patches/0002-layer-inputs-qwen2-gemma3.patch    # in the sdist root
     cmake -S vendor/llama.cpp -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
     cmake --build build --target llama-speculative-simple
-    python -m tfm_local.cli.bench_upstream --binary build/bin/llama-speculative-simple \\
+    python -m tfm_local.bench.upstream --binary build/bin/llama-speculative-simple \\
         --target T.gguf --drafter D.gguf -n 10 --json upstream.json
 
 Per prompt the program is started once (model loading is not timed: the program reports its
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import write_json
+from ..cli.common import write_json
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 # lines may carry a log prefix ("0.03.256.937 I n_drafted = 1380") when the build logs with timestamps
@@ -90,9 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from ..data import load_prompt_set
-    from ..llm import Model
-    from ..tokenizer import Tokenizer, render_chat
+    from ..files.datasets import load_prompt_set
+    from ..llama.model import Model
+    from ..llama.tokenizer import Tokenizer, render_chat
 
     model = Model(args.target, n_gpu_layers=0)  # for its chat template and vocabulary only
     tok = Tokenizer(model)

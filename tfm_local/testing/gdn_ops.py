@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import native
+from ..llama import native
 
 
 # float32 error bounds relative to max(1, max |ref|) (``rel_err``), per device, of tests/test_tree_gdn_ops.py

@@ -1,10 +1,14 @@
-"""The target side: prefill, one-pass verification of drafted tokens, commit, features.
+"""The verify stage: the target's prefill, one-pass verification of a draft tree, commit, features.
 
-The target's KV cache always holds the committed tokens at positions
-``0 .. n_past-1``; the last emitted token is not yet in it (it is the root of
-the next verification). Verification decodes ``[root, d_1 .. d_k]`` at
-``n_past ..`` with logits for every row; commit keeps the root and the
-accepted drafts and drops the rest (``seq_rm`` by position, exact for a chain).
+The target's KV cache always holds the committed tokens at positions ``0 .. n_past-1``; the last
+emitted token is not yet in it (it is the root of the next verification). ``Target.verify`` decodes a
+tree of N nodes (node 0 the root, a chain is the chain-shaped tree) in one pass, node i at position
+``n_past + depth[i]`` attending to the committed cache and its own ancestors, and returns the target's
+output per node (a ``Verdict``: logits rows on the host, or each node's argmax computed in the graph).
+``Target.commit`` keeps the accepted root-to-node path and frees the other nodes' cells. A chain on a
+target whose cache can be cut back by position is decoded as a plain causal batch and committed with
+``seq_rm``; any other tree in our tree mode (patches: tree mask in the KV cache; Gated-DeltaNet tree ops
+with a deferred state commit for hybrids). Facts and sources: docs/design.md §1 and §3.
 """
 from __future__ import annotations
 
@@ -13,9 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import native
-from .llm import Context, LlamaError, Model, gguf_architecture
-from .tokenizer import Tokenizer
+from ..llama import native
+from ..llama.model import Context, LlamaError, Model, gguf_architecture
+from ..llama.tokenizer import Tokenizer
 
 
 # Architectures whose llama.cpp graph exposes layer inputs (``res->t_layer_inp``) in our
@@ -42,19 +46,28 @@ class ContextOverflowError(ValueError):
 
 def _check_tree(parents, depth, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``parents`` and ``depth`` of an ``n``-node draft tree as int64 arrays; ValueError unless the parents
-    are in topological order (``-1 <= parents[i] < i``) and every depth is its parent's + 1 (roots 0)."""
-    par, dep = np.asarray(parents), np.asarray(depth)
+    are in topological order (``-1 <= parents[i] < i``) and every depth is its parent's + 1 (roots 0).
+    ``depth`` None: computed from the parents."""
+    par = np.asarray(parents)
+    dep = par if depth is None else np.asarray(depth)
     if par.shape != (n,) or dep.shape != (n,) or n == 0:
         raise ValueError(f"a tree needs parents and depth of shape ({n},) for its {n} tokens, "
                          f"got {par.shape} and {dep.shape}")
     if not (np.issubdtype(par.dtype, np.integer) and np.issubdtype(dep.dtype, np.integer)):
         raise ValueError(f"tree parents and depth must be integers, got {par.dtype} and {dep.dtype}")
-    par, dep = par.astype(np.int64), dep.astype(np.int64)
+    par = par.astype(np.int64)
     bad = np.flatnonzero((par < -1) | (par >= np.arange(n)))
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"tree parents must be in topological order (-1 <= parents[i] < i): "
                          f"parents[{i}] = {int(par[i])}")
+    if depth is None:
+        dep = np.zeros(n, np.int64)
+        for i in range(1, n):
+            if par[i] >= 0:
+                dep[i] = dep[par[i]] + 1
+        return par, dep
+    dep = dep.astype(np.int64)
     want = np.where(par < 0, 0, dep[np.maximum(par, 0)] + 1)
     bad = np.flatnonzero(dep != want)
     if bad.size:
@@ -83,6 +96,27 @@ class NodeRows:
     def __array__(self, dtype=None, copy=None):
         a = self.view[self.row]
         return a if dtype is None else a.astype(dtype)
+
+
+class Verdict:
+    """The target's verification of a tree's N nodes, in node order (``Target.verify``).
+
+    logits: the nodes' rows ``[N, n_vocab]`` float32 (``x[i]`` node i's row; views valid until the next
+        decode), or None when the backend argmax was read. ids: int32 ``[N]``, each node's argmax computed
+        in the target's graph, or None when the logits were read.
+    """
+
+    def __init__(self, logits=None, ids: np.ndarray | None = None):
+        self.logits, self.ids = logits, ids
+
+    def choice(self, node: int, choose: Callable[[np.ndarray], int]) -> int:
+        """The target's token after ``node``: its backend argmax, or ``choose`` (the host rule: argmax or a
+        sample of the processed distribution, sampling.TokenChooser) applied to its logits row."""
+        return int(self.ids[node]) if self.ids is not None else choose(self.logits[node])
+
+    def chooser(self, choose: Callable[[np.ndarray], int]) -> Callable[[int], int]:
+        """``choice`` as a function of the node (what the acceptance walk takes)."""
+        return lambda node: self.choice(node, choose)
 
 
 def _drafter_as_target(path) -> LlamaError:
@@ -120,10 +154,14 @@ class Target:
         self.n_batch = n_batch
         self.feature_layers: list[int] = []
         self.n_past = 0
-        #: False for a recurrent (hybrid) target: ``commit`` can then only keep every verified token,
-        #: and drafts must be verified with ``verify_tree`` / ``commit_tree``.
+        #: False for a recurrent (hybrid) target: a plainly decoded batch can then only be committed whole,
+        #: and its chains are verified in tree mode so that a prefix of them can be committed.
         self.can_truncate = self.model.arch not in RECURRENT_ARCHS
         self._sampler = native.TopKAttachment(self.ctx)  # backend top-1 for ``attach_argmax``
+        # the last verified tree, until committed: node -> batch row, parents, decoded in tree mode
+        self._row: np.ndarray = np.zeros(0, np.int64)
+        self._parents: np.ndarray | None = None
+        self._tree_mode = False
 
     # -- features ------------------------------------------------------------------------
     def set_features(self, layers: list[int]) -> None:
@@ -159,9 +197,10 @@ class Target:
                 "Shorten the prompt or raise n_ctx.")
 
     def reset(self) -> None:
-        """Empty the KV cache."""
+        """Empty the KV cache (and forget an uncommitted verification)."""
         self.ctx.clear()
         self.n_past = 0
+        self._parents = None
 
     def prefill(self, tokens: list[int], on_chunk=None) -> np.ndarray:
         """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits
@@ -194,70 +233,58 @@ class Target:
         self.n_past = len(tokens)
         return len(chunk)
 
-    def verify(self, tokens: list[int], on_submit: Callable[[], None] = _nothing) -> np.ndarray:
-        """Decode ``[root, drafts...]`` at ``n_past..``; logits ``[len(tokens), n_vocab]`` float32 (a view).
-        Detaches the backend argmax first (``detach_argmax``). ``on_submit`` (every verify method) is
-        called once the decode call has returned, before the results are read (on a GPU the pass may
-        still be running then: the engine's submit / verify time split).
+    def verify(self, tokens, parents=None, depth=None, *, backend_argmax: bool = False,
+               on_submit: Callable[[], None] = _nothing) -> "Verdict":
+        """Verify a draft tree of N nodes in one target pass; the target's output per node.
 
-        Raises ContextOverflowError if they would run past the context.
+        Args:
+            tokens: int ``[N]``; ``tokens[0]`` is the root (the last emitted token, not yet in the cache).
+            parents: int ``[N]`` in topological order (``-1 <= parents[i] < i``, ``parents[0] = -1``);
+                None = the chain ``[-1, 0, 1, ...]`` as a plain causal batch (see below).
+            depth: int ``[N]``, each node's parent's + 1 (root 0); None = computed from ``parents``.
+            backend_argmax: read each node's argmax computed in the target's graph (``attach_argmax``
+                first) instead of its logits; otherwise the backend argmax is detached.
+            on_submit: called once the decode call has returned, before the results are read (on a GPU
+                the pass may still be running then: the submit / verify time split).
+        Returns:
+            a ``Verdict`` in node order: ``logits`` ``[N, n_vocab]`` float32 rows (views valid until the
+            next decode) or ``ids`` int32 ``[N]``.
+        Raises:
+            ValueError: a malformed tree, more nodes than one batch (or than the attached argmax rows);
+            ContextOverflowError: the tree runs past the context; RuntimeError: ``backend_argmax``
+            without an attached argmax.
+
+        Node i is decoded at ``n_past + depth[i]``. The nodes go to llama.cpp as a plain causal batch when
+        ``parents`` is None, or when the tree is a chain and the target can cut its cache back by position
+        (``can_truncate``) or it is the root alone; otherwise in tree mode (a recurrent hybrid's chain too,
+        so that a prefix of it can be committed). llama.cpp needs non-decreasing positions in a batch, so
+        a tree's nodes are submitted sorted by depth (stable: parents stay before children) and the rows
+        mapped back.
         """
-        self.detach_argmax()
-        n = self._decode_chain(tokens)
+        n = len(tokens)
+        plain = parents is None
+        parents, depth = _check_tree(np.arange(-1, n - 1) if plain else parents, depth, n)
+        if backend_argmax:
+            self._check_argmax(n)
+        else:
+            self.detach_argmax()
+        chain = plain or bool(np.array_equal(parents, np.arange(-1, n - 1)))
+        if plain or chain and (self.can_truncate or n == 1):
+            if self.n_past + n > self.n_ctx:
+                raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
+            self.ctx.decode_tokens(tokens, self.n_past, "all")
+            self._row, self._parents, self._tree_mode = np.arange(n), parents, False
+        else:
+            self._decode_tree(tokens, depth, parents)
         on_submit()
-        return self.ctx.logits(n)
-
-    def verify_argmax(self, tokens: list[int], on_submit: Callable[[], None] = _nothing) -> np.ndarray:
-        """``verify`` on the backend top-1 sampler: each row's argmax, int32 ``[len(tokens)]``
-        (exact ties: see ``attach_argmax``); no logits reach the host.
-
-        Raises RuntimeError unless ``attach_argmax`` succeeded, ValueError when ``tokens`` has more
-        rows than it was attached for, ContextOverflowError as ``verify``.
-        """
-        self._check_argmax(len(tokens))
-        n = self._decode_chain(tokens)
-        on_submit()
-        return self._read_argmax(0, n)
-
-    def _decode_chain(self, tokens) -> int:
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
-        return self.ctx.decode_tokens(tokens, self.n_past, "all")
-
-    def verify_tree(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray,
-                    on_submit: Callable[[], None] = _nothing) -> np.ndarray:
-        """Decode a draft tree in one pass (our tree mode); logits ``[N, n_vocab]`` in node order
-        (a :class:`NodeRows` view). Detaches the backend argmax first (``detach_argmax``).
-
-        Node i is decoded at ``n_past + depth[i]`` and attends to the committed
-        cache and its own ancestors only. llama.cpp needs non-decreasing
-        positions in a batch, so nodes are submitted sorted by depth (stable;
-        parents stay before children) and rows are mapped back. Raises
-        ContextOverflowError / ValueError when the tree does not fit the context
-        or one batch.
-        """
-        self.detach_argmax()
-        self._decode_tree(tokens, depth, parents)
-        on_submit()
-        return NodeRows(self.ctx.logits(len(tokens)), self._tree_row)
-
-    def verify_tree_argmax(self, tokens: np.ndarray, depth: np.ndarray, parents: np.ndarray,
-                           on_submit: Callable[[], None] = _nothing) -> np.ndarray:
-        """``verify_tree`` on the backend top-1 sampler: each node's argmax, int32 ``[N]`` in node
-        order (exact ties: see ``attach_argmax``); no logits reach the host.
-
-        Raises RuntimeError unless ``attach_argmax`` succeeded, ValueError when the tree has more
-        nodes than it was attached for, and as ``verify_tree``.
-        """
-        self._check_argmax(len(tokens))
-        self._decode_tree(tokens, depth, parents)
-        on_submit()
-        return self._read_argmax(0, len(tokens))[self._tree_row]
+        if backend_argmax:
+            return Verdict(ids=self._read_argmax(0, n)[self._row])
+        logits = self.ctx.logits(n)
+        return Verdict(logits=logits if not self._tree_mode else NodeRows(logits, self._row))
 
     def _decode_tree(self, tokens, depth, parents) -> None:
-        """The tree batch of ``verify_tree`` (sets ``_tree_row``: node -> batch row)."""
+        """The tree-mode batch of ``verify`` (sets ``_row``: node -> batch row)."""
         n = len(tokens)
-        parents, depth = _check_tree(parents, depth, n)
         if self.n_past + int(depth.max()) + 1 > self.n_ctx:
             raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
         if n > self.n_batch:
@@ -273,8 +300,7 @@ class Target:
         except Exception:
             native.tree_set(self.ctx.ptr, None)
             raise
-        self._tree_row = row
-        self._tree_parents = parents
+        self._row, self._parents, self._tree_mode = row, parents, True
 
     # -- backend argmax (greedy verification without logits on the host) ------------------
     @property
@@ -316,38 +342,36 @@ class Target:
     def _read_argmax(self, i0: int, n: int) -> np.ndarray:
         return native.topk_get(self.ctx.ptr, i0, n, 1)[0][:, 0]
 
-    def tree_rows(self, nodes) -> np.ndarray:
-        """Batch rows of tree ``nodes`` in the last tree decode (for ``features``)."""
-        return self._tree_row[np.asarray(nodes, dtype=np.int64)]
+    def rows(self, nodes) -> np.ndarray:
+        """Batch rows of the last verified tree's ``nodes`` (for ``features``), int64 ``[len(nodes)]``."""
+        return self._row[np.asarray(nodes, dtype=np.int64)]
 
-    def commit_tree(self, path: list[int]) -> None:
-        """Keep the tree nodes of ``path`` (root first) and free the other nodes' KV cells.
+    def commit(self, path) -> None:
+        """Keep the root-to-node ``path`` (node indices, root first; empty = nothing accepted) of the last
+        ``verify`` in the KV cache and free the other nodes' cells; ``n_past`` grows by ``len(path)``.
 
-        Raises ValueError, before anything is committed, unless ``path`` is a root-to-node path of the
-        last tree (root first, each node the child of the one before; empty = nothing accepted): the
-        native commit would drop the tree on such a path and leave a hybrid's context unusable.
+        Raises ValueError, before anything is committed, when nothing was verified since the last commit,
+        when ``path`` is not a root-to-node path of the last tree (the native tree commit would drop the
+        tree on such a path and leave a hybrid's context unusable), or when a target that cannot cut its
+        cache back (``can_truncate`` False: a recurrent hybrid) would drop tokens of a plainly decoded chain.
         """
-        par = getattr(self, "_tree_parents", None)
+        par = self._parents
         nodes = [int(x) for x in path]
         if par is None:
-            raise ValueError("no tree to commit: call verify_tree first")
+            raise ValueError("nothing to commit: call verify first")
         for m, a in enumerate(nodes):
             if not 0 <= a < len(par) or par[a] != (nodes[m - 1] if m else -1):
                 raise ValueError(f"commit path {nodes} is not a root-to-node path of the last tree "
                                  f"(node {a} at position {m})")
-        native.tree_commit(self.ctx.ptr, self.tree_rows(nodes))
-        self.n_past += len(path)
-
-    def commit(self, n_keep: int, n_verified: int | None = None) -> None:
-        """Keep the first ``n_keep`` verified tokens (root + accepted drafts) in the KV cache.
-
-        Raises ValueError on a target that cannot truncate (``can_truncate``) when ``n_keep`` is
-        below ``n_verified`` (the length of the last ``verify``; unknown = None passes).
-        """
-        if not self.can_truncate and n_verified is not None and n_keep < n_verified:
-            raise ValueError(f"a {self.model.arch} target cannot drop verified tokens: use verify_tree")
-        self.n_past += n_keep
-        self.ctx.truncate(self.n_past)
+        if self._tree_mode:
+            native.tree_commit(self.ctx.ptr, self.rows(nodes))
+            self.n_past += len(nodes)
+        else:
+            if not self.can_truncate and len(nodes) < len(par):
+                raise ValueError(f"a {self.model.arch} target cannot drop verified tokens of a plain batch")
+            self.n_past += len(nodes)
+            self.ctx.truncate(self.n_past)
+        self._parents = None
 
     def close(self) -> None:
         """Free the context and model (the backend argmax is detached first)."""

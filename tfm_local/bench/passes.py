@@ -2,11 +2,11 @@
 
 After a prompt of ``n_prompt`` tokens, each timed pass decodes n tokens appended at the end of the
 cache (positions ``n_prompt .. n_prompt + n - 1``, sequence 0) and reads its results; the pass is
-then removed again (``Target.commit(0)``: ``llama_memory_seq_rm`` from ``n_prompt``, timed apart as
+then removed again (``llama_memory_seq_rm`` from ``n_prompt``, timed apart as
 ``remove``), so every pass sees the same cache. The variants (``VARIANTS``):
 
 - ``logits``: ``Target.verify`` — all n rows' logits copied to the host (today's chain verify);
-- ``argmax``: ``Target.verify_argmax`` — each row's top-1 computed in the graph
+- ``argmax``: ``Target.verify(..., backend_argmax=True)`` — each row's top-1 computed in the graph
   (``attach_argmax``), one int per row to the host; skipped when the backend cannot run it;
 - ``logits+argmax_host``: ``Target.verify`` then ``np.argmax`` over all n rows (host greedy mode);
 - ``features``: ``Target.verify`` with the drafter's layer-input capture on
@@ -26,14 +26,14 @@ from typing import Callable
 
 import numpy as np
 
-from .gdn_bench import time_stats
-from .target import Target
+from .gdn import time_stats
+from ..decode.verify import Target
 
 VARIANTS = ("logits", "argmax", "logits+argmax_host", "features", "last_row")
 #: the method in one paragraph, for a result file
 METHOD = ("each pass: n random token ids decoded at positions ctx .. ctx+n-1 after a prompt of ctx random ids, "
-          "results read to the host, then removed (Target.commit(0) = llama_memory_seq_rm, timed as remove); "
-          "logits = Target.verify (all n rows' logits), argmax = Target.verify_argmax (top-1 in the graph), "
+          "results read to the host, then removed (llama_memory_seq_rm, timed as remove); "
+          "logits = Target.verify (all n rows' logits), argmax = Target.verify(backend_argmax=True) (top-1 in the graph), "
           "logits+argmax_host = verify + np.argmax over all rows, features = verify with the drafter's "
           "layer inputs captured + Target.features of all rows, last_row = only the last row an output "
           "(submit = until the decode call returns; the rest is the wait for the backend); "
@@ -102,10 +102,10 @@ class PassBench:
             t.verify(tok)
 
         def argmax(tok):
-            t.verify_argmax(tok)
+            t.verify(tok, backend_argmax=True)
 
         def argmax_host(tok):
-            np.argmax(t.verify(tok), axis=1)
+            np.argmax(t.verify(tok).logits, axis=1)
 
         def features(tok):
             t.verify(tok)
@@ -133,7 +133,7 @@ class PassBench:
             t0 = time.perf_counter()
             ts = run(tokens)
             t1 = time.perf_counter()
-            t.commit(0)
+            t.ctx.truncate(t.n_past)  # the pass removed: llama_memory_seq_rm from n_prompt
             t2 = time.perf_counter()
             self.check_cache()
             if i >= n_warmup:

@@ -1,4 +1,9 @@
-"""Tree builders over per-position top-K marginals.
+"""The tree stage: draft trees built from the drafter's per-position marginals.
+
+A tree is node 0 = the root (the last committed token) plus drafted nodes in topological order;
+node i is verified at position P + depth(i). A chain is the chain-shaped tree.
+
+Builders share one interface: ``build(root, cand_tokens, cand_logp, budget) -> Tree``:
 
 - chain: the drafter's argmax at every depth (the DFlash chain; a degenerate tree).
 - DDTree (arXiv 2604.12989, "Diffusion Draft Trees"): best-first by path
@@ -17,11 +22,64 @@ top-K candidates of block positions 1..D sorted by descending log-prob.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .tree import Tree
+
+@dataclass
+class Tree:
+    """A draft tree, node 0 the root.
+
+    parents: int32 ``[N]``, ``parents[0] = -1``, ``parents[i] < i``.
+    tokens: int32 ``[N]``; ``tokens[0]`` is the root's token (the last committed token).
+    depth: int32 ``[N]``, ``depth[0] = 0``; node i is verified at position P + depth[i].
+    logp: float64 ``[N]``, the drafter's path log-probability (0 at the root).
+    """
+
+    parents: np.ndarray
+    tokens: np.ndarray
+    depth: np.ndarray
+    logp: np.ndarray
+
+    @classmethod
+    def from_lists(cls, root_token: int, nodes: list[tuple[int, int, float]]) -> "Tree":
+        """Build from ``[(parent, token, path_logp), ...]`` given in topological order."""
+        parents = [-1] + [p for p, _, _ in nodes]
+        depth = [0]
+        for p, _, _ in nodes:
+            depth.append(depth[p] + 1)
+        return cls(np.asarray(parents, np.int32), np.asarray([root_token] + [t for _, t, _ in nodes], np.int32),
+                   np.asarray(depth, np.int32), np.asarray([0.0] + [lp for _, _, lp in nodes], np.float64))
+
+    @classmethod
+    def root(cls, token: int) -> "Tree":
+        """The tree of the root alone (a plain decoding step)."""
+        return cls(np.array([-1], np.int32), np.array([token], np.int32), np.zeros(1, np.int32), np.zeros(1))
+
+    def __len__(self) -> int:
+        return int(self.parents.shape[0])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root to ``node``."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = int(self.parents[node])
+        return out[::-1]
+
+    def truncate(self, n_drafted: int) -> "Tree":
+        """The root and the first ``n_drafted`` drafted nodes (a valid tree: parents precede children).
+
+        For a best-first (DDTree) tree this is the best-first tree of that budget.
+        """
+        n = min(len(self), n_drafted + 1)
+        return Tree(self.parents[:n].copy(), self.tokens[:n].copy(), self.depth[:n].copy(), self.logp[:n].copy())
 
 Rescore = Callable[[Tree, list[tuple[int, int, int]]], np.ndarray]
 

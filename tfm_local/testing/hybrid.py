@@ -49,7 +49,7 @@ import numpy as np
 
 import gguf
 
-from .synth_vocab import CHATML_TEMPLATE, TinyVocab
+from .vocab import CHATML_TEMPLATE, TinyVocab
 
 ARCH = "qwen35"
 ARCHS = ("qwen35", "qwen35moe", "qwen3next")

@@ -1,6 +1,6 @@
 """Lossless acceptance: walk a verified draft tree with the target's own choices.
 
-Method (DDTree / SpecInfer style, shared/DESIGN.md §5): start at the root
+Method (DDTree / SpecInfer style, docs/design.md §5): start at the root
 (the last committed token); at each node take the target's token for the
 next position — argmax at temperature 0, one sample from the target's
 processed distribution otherwise — and move to the child carrying that token

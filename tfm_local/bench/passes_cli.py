@@ -17,9 +17,9 @@ import sys
 
 import numpy as np
 
-from .. import draft_bench as db
-from .. import pass_bench as pb
-from .common import add_timing_args, device_name, fail, int_list, positive_int, run_record, write_json
+from . import drafts as db
+from . import passes as pb
+from ..cli.common import add_timing_args, device_name, fail, int_list, positive_int, run_record, write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,9 +70,9 @@ def print_table(cases: list[dict], skipped: dict) -> None:
 def load_target(a):
     """Resolve ``--target`` and load it with room for the prompt and the largest pass: (path, Target).
     Exits with a message (status 2) when the model cannot be found or loaded."""
-    from ..llm import LlamaError
-    from ..models import DEFAULT_TARGET, ModelError, resolve_model
-    from ..target import Target
+    from ..llama.model import LlamaError
+    from ..files.models import DEFAULT_TARGET, ModelError, resolve_model
+    from ..decode.verify import Target
 
     try:
         path = resolve_model(a.target or DEFAULT_TARGET)
@@ -88,9 +88,9 @@ def resolve_drafter_arg(a, target_path):
     message (status 2) when it cannot be found or is not a GGUF."""
     if not a.drafter:
         return None
-    from ..drafters import draft_vocab_on, resolve_drafter
-    from ..llm import gpu_available
-    from ..models import ModelError
+    from ..files.drafters import draft_vocab_on, resolve_drafter
+    from ..llama.model import gpu_available
+    from ..files.models import ModelError
 
     try:  # "auto" as the engine reads it: the full vocabulary on a GPU
         return resolve_drafter(a.drafter, target_path, draft_vocab_on(a.draft_vocab, gpu_available() and not a.cpu))
@@ -102,8 +102,8 @@ def time_drafter(a, drafter_path, target, rng) -> list[dict]:
     """Load the drafter at ``drafter_path`` on ``target`` (its prompt re-prefilled with the drafter's
     features injected) and time every drafter variant. Exits with a message (status 2) when llama.cpp
     cannot load it or it does not fit the target."""
-    from ..drafter import DFlashDrafter
-    from ..llm import LlamaError
+    from ..decode.draft import DFlashDrafter
+    from ..llama.model import LlamaError
 
     try:
         d = DFlashDrafter(drafter_path, target, n_threads=a.threads, n_gpu_layers=0 if a.cpu else -1)
@@ -121,7 +121,7 @@ def time_drafter(a, drafter_path, target, rng) -> list[dict]:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
-    from ..llm import default_threads, gpu_available
+    from ..llama.model import default_threads, gpu_available
 
     path, target = load_target(a)
     try:

@@ -7,7 +7,9 @@ tokens, plus the target's own token after it. ``replay_chain`` walks an output t
 drafter's passes only: the target runs once per sequence (one prefill over prompt + output gives the
 features of every position), not once per step, so comparing drafters (quantisations, checkpoints) on
 the CPU costs a fraction of ``tfm-bench``. The step rule and the counts (``n_steps``, ``n_step_tokens``,
-τ = their ratio) are the engine's (``Engine._step``); the features come from the prefill rather than
+τ = their ratio) are the engine's: the draft size (``step.draft_limit``'s rule without the context
+bounds), the drafter's tree (``step.draft_tree``) and the acceptance walk (``accept.walk_tree``) with the
+recorded output as the target's choice; the features come from the prefill rather than
 from the verify passes, and an output that ended at an end-of-generation token is not continued past
 it, so the τ can differ from tfm-bench's in the last digits.
 """
@@ -16,6 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..decode.accept import walk_tree
+from ..decode.stats import PHASES, PhaseClock
+from ..decode.step import DraftShape, draft_tree
+from ..decode.tree import Tree
 
 
 @dataclass
@@ -60,22 +67,24 @@ def replay_chain(drafter, features: np.ndarray, n_prompt: int, output: list[int]
     if len(features) < n_prompt + len(output):
         raise ValueError(f"{len(features)} feature rows for {n_prompt} prompt + {len(output)} output tokens")
     budget = drafter.block_size - 1 if budget is None else budget
+    shape, clock = DraftShape("chain"), PhaseClock(dict.fromkeys(PHASES, 0.0))
     drafter.reset()
     n_gen, i, injected, accepted = 1, 0, 0, []
     while n_gen < max_tokens and i < len(output) - 1:
         remaining = max_tokens - n_gen
         k = min(budget, remaining - 1)
         pos = n_prompt + i
-        a = 0
+        tree = Tree.root(int(output[i]))
         if k > 0:
             drafter.inject(features[injected:pos], injected)
             injected = pos
-            draft = drafter.draft_chain(int(output[i]), pos, k)
-            ref = output[i + 1:i + 1 + k]
-            while a < len(ref) and draft[a] == ref[a]:
-                a += 1
-        emitted = min(a + 1, remaining, len(output) - 1 - i)
-        accepted.append(a)
-        i += emitted
-        n_gen += emitted
+            tree, _ = draft_tree(drafter, shape, int(output[i]), pos, k, k, False, clock)
+        at = i  # the target's token after node n of a chain at output[at] is output[at + 1 + n]
+        walk = walk_tree(tree.parents, tree.tokens, lambda n: int(output[at + 1 + n]),
+                         max_tokens=min(remaining, len(output) - 1 - i))
+        # drafts equal to the output (one more than the walk's n_accepted where the output's end cut it)
+        drafts = tree.tokens[1:1 + len(walk.tokens)]
+        accepted.append(int(np.argmin(np.append(drafts == walk.tokens[:len(drafts)], False))))
+        i += len(walk.tokens)
+        n_gen += len(walk.tokens)
     return Replay(len(accepted), i, accepted)

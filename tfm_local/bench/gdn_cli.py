@@ -1,4 +1,4 @@
-"""tfm-bench-gdn: the Gated DeltaNet tree ops against per-branch recurrent verification (issue #6).
+"""tfm-bench-gdn: the Gated DeltaNet tree ops against per-branch recurrent verification (docs/gdn-tree.md).
 
 For each tree size (``--nodes``) one DDTree-shaped tree (tfm_local/gdn_bench.py) at the given layer
 dimensions (defaults: Qwen3.6-27B's Gated DeltaNet, 48 layers): the tree op
@@ -10,10 +10,10 @@ an incorrect case is not timed and makes the exit status 1. Prints a table of pe
 ms) and writes JSON (``--json``) with medians and minima. ``--repeat R`` (R >= 2) also times every op as a
 graph of R copies and reports the ops' own times, without the launch and synchronize each call pays
 (``native.op_time``), in a second table. ``--trees FILE`` times real draft trees instead of synthetic
-ones (docs/capture_trees.py records them from the drafter's DDTree), ``--tree-count`` of them spread over
+ones (lab/capture_trees.py records them from the drafter's DDTree), ``--tree-count`` of them spread over
 the file's range of per-branch cost; the bar then takes the median speedup over them.
 
-    python -m tfm_local.cli.bench_gdn --device gpu --repeat 8 --json gdn-h200.json
+    python -m tfm_local.bench.gdn_cli --device gpu --repeat 8 --json gdn-h200.json
 """
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .. import gdn_bench, native
-from ..train.atomic import sha256_file
-from .common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
+from . import gdn as gdn_bench
+from ..llama import native
+from ..files.atomic import sha256_file
+from ..cli.common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
 
 D_CONV_MAX = 16  # GGML_SSM_CONV_TREE_MAX_D_CONV (patch 0005): a larger kernel aborts in ggml_ssm_conv_tree
-BAR_NODES, BAR_SPEEDUP = 128, 7.0  # issue #6: at 128 nodes the tree op >= 7x faster than per-branch
+BAR_NODES, BAR_SPEEDUP = 128, 7.0  # the target set for the ops (docs/gdn-tree.md): at 128 nodes the tree op >= 7x faster than per-branch
 METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream ggml_gated_delta_net / "
           "ggml_ssm_conv, leaves grouped by path length, one call per group (n_seqs = leaves in the group, "
           "state replicated per sequence), time = sum over groups of each group's median (min: of its min); "
@@ -52,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=positive_int, default=1,
                     help=f"also time each op as a graph of this many copies (2..{native.BENCH_MAX_REPEAT}) "
                          "for the ops' own times (default 1: calls only)")
-    ap.add_argument("--trees", metavar="NPZ", help="time the real draft trees of this file (docs/capture_trees.py; "
+    ap.add_argument("--trees", metavar="NPZ", help="time the real draft trees of this file (lab/capture_trees.py; "
                     "--nodes is then ignored) instead of synthetic DDTrees")
     ap.add_argument("--tree-count", type=positive_int, default=5,
                     help="with --trees: how many of its trees, spread over their per-branch cost (default 5)")

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from .drafter import DFlashDrafter
-from .gdn_bench import time_stats
+from ..decode.draft import DFlashDrafter
+from .gdn import time_stats
 
 DRAFT_VARIANTS = ("inject1", "inject16", "topk", "logits", "step")
 #: block drafts and candidates per row of the topk / logits / step variants; feature rows of inject16

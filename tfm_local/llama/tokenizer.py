@@ -20,7 +20,7 @@ import jinja2
 import jinja2.sandbox
 import llama_cpp as lc
 
-from .llm import Model
+from .model import Model
 
 
 class ChatTemplateError(ValueError):

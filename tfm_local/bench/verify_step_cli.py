@@ -1,14 +1,14 @@
-"""tfm-bench-verify: one full verify step of a random-weight Gated-DeltaNet hybrid (issue #6, item 4).
+"""tfm-bench-verify: one full verify step of a random-weight Gated-DeltaNet hybrid (docs/gdn-tree.md).
 
 Writes (or takes ``--model``) a qwen35 GGUF of Qwen3.6-27B's per-layer shapes (``--layers`` of them,
 ``--vocab`` tokens; ``--tiny`` for the 4-layer test shape), prefills ``--ctx`` random tokens, then for
-each tree size (``--nodes``) times, median over ``--iters``: tree mode (verify_tree, commit_tree of the
+each tree size (``--nodes``) times, median over ``--iters``: tree mode (Target.verify, Target.commit of the
 deepest path apart), per-branch (every root-to-leaf path its own sequence of one batch) and a chain of
-the deepest path with upstream's ``n_rs_seq`` snapshot rollback (tfm_local/verify_step.py). Each size
+the deepest path with upstream's ``n_rs_seq`` snapshot rollback (tfm_local/bench/verify_step.py). Each size
 is checked once first (per-branch and chain logits equal the tree's node logits); an incorrect size is
 not timed and makes the exit status 1. Prints a table and writes JSON (``--json``).
 
-    python -m tfm_local.cli.bench_verify_step --layers 4 --vocab 248320 --json verify-h200.json
+    python -m tfm_local.bench.verify_step_cli --layers 4 --vocab 248320 --json verify-h200.json
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import verify_step as vs
-from ..llm import gpu_available
-from ..synth_hybrid import HybridShape, file_bytes, write_qwen35
-from .common import add_timing_args, device_name, int_list, positive_int, run_record, write_json
+from . import verify_step as vs
+from ..llama.model import gpu_available
+from ..testing.hybrid import HybridShape, file_bytes, write_qwen35
+from ..cli.common import add_timing_args, device_name, int_list, positive_int, run_record, write_json
 
-METHOD = ("tree = Target.verify_tree over the N nodes (logits of all nodes to the host), commit = "
-          "commit_tree of the deepest path; per-branch = each root-to-leaf path its own sequence (ids by "
+METHOD = ("tree = Target.verify over the N nodes (logits of all nodes to the host), commit = "
+          "Target.commit of the deepest path; per-branch = each root-to-leaf path its own sequence (ids by "
           "decreasing length, llama_memory_seq_cp of the prompt's sequence, unified KV), one batch, "
           "time incl. the forks; chain = the deepest path decoded on a context with n_rs_seq = 16, rollback "
           "= llama_memory_seq_rm to the accepted prefix (bookkeeping; the snapshot is read by the next "

@@ -1,0 +1,54 @@
+"""The project's layout rules: the runtime never imports benchmarks or matplotlib, code cites only what
+is in the repository, and every package's module map names each of its modules."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUNTIME = ["tfm_local", "tfm_local.engine", "tfm_local.cli.chat", "tfm_local.cli.serve", "tfm_local.server",
+           "tfm_local.cli.train", "tfm_local.decode.step", "tfm_local.files.drafters", "tfm_local.files.models"]
+
+
+def test_runtime_imports_no_benchmark_and_no_matplotlib():
+    code = ("import sys\n"
+            + "".join(f"import {m}\n" for m in RUNTIME)
+            + "from tfm_local import Engine, SamplingParams\n"
+            + "bad = sorted(m for m in sys.modules if m.startswith(('tfm_local.bench', 'tfm_local.testing', "
+              "'matplotlib')))\n"
+            + "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "", f"runtime modules pull in {out.stdout.strip()}"
+
+
+def _code_files():
+    for top in ("tfm_local", "convert"):
+        yield from (ROOT / top).rglob("*.py")
+    for ext in ("*.cpp", "*.h", "*.c", "*.cu", "*.cuh"):
+        yield from (ROOT / "ggml_ops" / "src").rglob(ext)
+
+
+def test_code_cites_only_the_repository():
+    """No code file cites a document outside the repository or an issue number no reader can look up."""
+    pattern = re.compile(r"shared/|issue #?[0-9]", re.IGNORECASE)
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in _code_files()
+            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def _packages():
+    return sorted(p.parent for p in (ROOT / "tfm_local").rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("pkg", [p for p in _packages() if p.name in ("decode", "llama", "files", "bench", "testing")],
+                         ids=lambda p: p.name)
+def test_module_map_lists_every_module(pkg):
+    doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
+    missing = [m.stem for m in pkg.glob("*.py") if m.stem != "__init__" and f"``{m.stem}``" not in doc]
+    assert not missing, f"{pkg.name}/__init__.py's module map lacks {missing}"

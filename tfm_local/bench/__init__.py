@@ -1,0 +1,13 @@
+"""Benchmarks (never imported by the runtime). Console scripts keep their names:
+
+- ``tfm_bench``       ``tfm-bench``: plain vs chain / DDTree / auto on HumanEval, GSM8K, MT-Bench,
+                      outputs checked against plain, tables, JSON and a plot (matplotlib: the
+                      ``bench`` extra)
+- ``gdn`` / ``gdn_cli``  ``tfm-bench-gdn``: the Gated DeltaNet tree ops against per-branch verification
+- ``passes`` / ``drafts`` / ``passes_cli``  ``tfm-bench-pass``: one target (or drafter) pass broken down
+- ``verify_step`` / ``verify_step_cli``  ``tfm-bench-verify``: one verify step of a hybrid target
+- ``replay`` / ``replay_cli``  ``tfm-bench-replay``: chain τ of drafters replayed on recorded outputs
+- ``upstream``        upstream llama.cpp's DFlash chain on the same prompts (``python -m``)
+- ``profile_passes``  per-kernel CUDA profile of target and drafter passes
+- ``tau_by_category`` MT-Bench τ per category of tfm-bench JSON files
+"""

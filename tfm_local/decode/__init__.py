@@ -1,0 +1,13 @@
+"""One decode step, one module per stage, in the order a step runs them (engine.py drives them):
+
+- ``draft``    the DFlash drafter: target features injected into its KV cache, one block pass,
+               the chain or the top-K marginals per block position (``DFlashDrafter``)
+- ``tree``     the draft tree (``Tree``) and its builders from the marginals: chain, DDTree, w-wide
+- ``verify``   the target: prefill, one-pass verification of a tree (a chain is a tree) giving the
+               target's choice per node, commit of the accepted path, layer features (``Target``)
+- ``accept``   the lossless acceptance walk over the verified tree
+- ``step``     one step, draft → tree → verify → accept → commit, and the ``StepRecord`` it returns
+- ``budget``   the automatic budget: how many drafted tokens to verify per step, from measured costs
+- ``sampling`` the target's processed distribution and the draw (temperature, top-k, top-p, min-p)
+- ``stats``    per-generation counters and the time split (``GenerationStats``)
+"""

@@ -1,0 +1,160 @@
+"""One decode step: draft → tree → verify → accept → commit, and the record it leaves.
+
+The target's KV cache holds the committed tokens ``0 .. P-1``; ``last`` (the last emitted token)
+is not in it yet and is the root of this step's tree. A step:
+
+1. **budget** ``k`` drafted nodes (``draft_limit``; the automatic budget may pick fewer, 0 = plain);
+2. **draft** one drafter pass over the block after ``last`` (draft.py) and **tree**: the chain, or a
+   DDTree / w-wide tree of ``k`` nodes from the top-K marginals ``[D, K]`` (tree.py);
+3. **verify** the tree ``[1 + k]`` nodes in one target pass (verify.py): the target's choice per node,
+   by the generation's rule (backend argmax, or the host's argmax / sample of the node's logits);
+4. **accept**: the lossless walk from the root along the target's choices (accept.py);
+5. **commit** the accepted path in the target's cache and inject its features into the drafter's.
+
+``run_step`` returns a ``StepRecord``; the statistics (``GenerationStats.add_step``) and the automatic
+budget (``AutoBudget.observe``) read it. With no drafter, or ``k = 0``, the same step is plain decoding:
+the tree is the root alone. Method and sources: docs/design.md §1 and §5.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .accept import walk_tree
+from .budget import AutoBudget, gain_curve
+from .draft import DFlashDrafter
+from .stats import PHASES, PhaseClock
+from .tree import BUILDERS, Tree, build_chain, build_wide
+from .verify import Target
+
+#: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap).
+TREE_SHAPES = ("chain", "ddtree", "wide")
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """How a step turns the drafter's block into a tree.
+
+    tree: one of ``TREE_SHAPES``. top_k: candidates per block position for trees (K of the
+    marginals ``[D, K]``). width: heap entries "wide" expands together.
+    """
+
+    tree: str = "chain"
+    top_k: int = 8
+    width: int = 4
+
+
+@dataclass
+class StepRecord:
+    """What one step did (times in seconds, ``time.perf_counter``).
+
+    pos: the target's committed length before the step (the root's position).
+    budget: drafted nodes asked for (0 = a plain step). n_nodes: nodes verified, root included.
+    tokens: the tokens emitted (accepted drafts, then the target's own token).
+    curve: the drafter's gain curve ``[k_plan]`` for the automatic budget (None otherwise).
+    phases: seconds per stage (``stats.PHASES``): drafter, tree, submit, verify, accept.
+    """
+
+    pos: int
+    budget: int
+    n_nodes: int
+    tokens: list[int]
+    curve: np.ndarray | None = None
+    phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @property
+    def speculative(self) -> bool:
+        """A draft was verified (False for a plain step)."""
+        return self.budget > 0
+
+    @property
+    def n_accepted(self) -> int:
+        """Drafted tokens accepted (the target's own token excluded)."""
+        return len(self.tokens) - 1
+
+    @property
+    def t_draft(self) -> float:
+        """Drafter time: the drafting pass, tree building and the KV injection of the accepted path."""
+        return self.phases["drafter"] + self.phases["tree"]
+
+    @property
+    def t_verify(self) -> float:
+        """Target time: submitting and waiting for the verification pass, the acceptance walk and commit."""
+        return self.phases["submit"] + self.phases["verify"] + self.phases["accept"]
+
+
+def draft_limit(budget: int, remaining: int, target: Target) -> int:
+    """The most drafted nodes a step may verify: the budget, bounded by the tokens still wanted
+    (``remaining`` includes the target's own token), the room in the context and one batch."""
+    return min(budget, remaining - 1, target.n_ctx - target.n_past - 1, target.n_batch - 1)
+
+
+def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k: int, k_plan: int,
+               with_curve: bool, clock: PhaseClock) -> tuple[Tree, np.ndarray | None]:
+    """One drafter pass after ``last`` at position ``pos`` → a draft tree of ``k`` nodes (root excluded).
+
+    ``with_curve`` (automatic budget): the tree is first built for ``k_plan`` ≥ k nodes to get the gain
+    curve ``[k_plan]`` (budget.gain_curve), then cut to its first ``k`` nodes; otherwise ``k_plan == k``
+    and the curve is None. The caller bounds ``k_plan`` by the room in the context (``draft_limit``).
+    ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
+    """
+    depth = min(drafter.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
+    if shape.tree == "chain" and not with_curve:
+        drafts = np.asarray(drafter.draft_chain(last, pos, k), dtype=np.int64)
+        clock.mark("drafter")
+        tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
+        clock.mark("tree")
+        return tree, None
+    cand, logp = drafter.top_k(last, pos, depth, 1 if shape.tree == "chain" else shape.top_k)
+    clock.mark("drafter")
+    if shape.tree == "wide":
+        tree = build_wide(last, cand, logp, k_plan, width=shape.width)
+    else:
+        tree = BUILDERS[shape.tree](last, cand, logp, k_plan)
+    curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
+    tree = tree.truncate(k) if with_curve else tree
+    clock.mark("tree")
+    return tree, curve
+
+
+def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, budget: int,
+             auto: AutoBudget | None, last: int, remaining: int, choose: Callable[[np.ndarray], int],
+             backend_argmax: bool) -> StepRecord:
+    """One step after ``last`` (see the module doc); emits at most ``remaining`` tokens.
+
+    Args:
+        drafter: the drafter, or None for a plain step. budget: drafted nodes per step (``auto`` None)
+            or the automatic budget's ceiling. auto: the automatic budget, or None for a fixed one.
+        choose: the host rule ``logits [n_vocab] float32 -> token`` (sampling.TokenChooser).
+        backend_argmax: read each node's argmax computed in the target's graph instead (greedy only;
+            the target's argmax must be attached, ``Target.attach_argmax``).
+    """
+    pos = target.n_past
+    k_max = draft_limit(budget, remaining, target)
+    k = auto.choose(k_max) if auto is not None else k_max
+    drafting = drafter is not None and k > 0
+    rec = StepRecord(pos=pos, budget=k if drafting else 0, n_nodes=1, tokens=[])
+    clock = PhaseClock(rec.phases)
+    # draft → tree
+    if drafting:
+        k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
+        tree, rec.curve = draft_tree(drafter, shape, last, pos, k, k_plan, auto is not None, clock)
+    else:
+        tree = Tree.root(last)
+    # verify → accept → commit
+    verdict = target.verify(tree.tokens, tree.parents, backend_argmax=backend_argmax,
+                            on_submit=lambda: clock.mark("submit"))
+    clock.mark("verify")
+    walk = walk_tree(tree.parents, tree.tokens, verdict.chooser(choose), max_tokens=remaining)
+    target.commit(walk.path)
+    clock.mark("accept")
+    # the accepted path's features into the drafter (a plain step's row waits for the next draft)
+    if drafter is not None:
+        features = target.features(target.rows(walk.path), len(tree))
+        (drafter.inject if drafting else drafter.defer)(features, pos)
+    clock.mark("drafter")
+    rec.n_nodes, rec.tokens = len(tree), walk.tokens
+    return rec
+

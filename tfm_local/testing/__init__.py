@@ -1,0 +1,9 @@
+"""Test helpers shipped with the package (in the manner of ``numpy.testing``): tiny synthetic
+models that llama.cpp loads and runs in milliseconds, for unit tests, examples and benchmarks.
+
+- ``synth``   ``write_tiny_target`` (qwen2 / llama / gemma3 decoders and Gated-DeltaNet hybrids with a
+              small byte-level BPE tokenizer), ``write_tiny_qwen35``; small llama.cpp helpers for raw decodes
+- ``hybrid``  Gated-DeltaNet hybrid GGUF writer (qwen35, qwen35moe, qwen3next) at any shape
+- ``vocab``   the tiny tokenizer and ChatML template the synthetic models carry
+- ``gdn_ops`` the Gated DeltaNet tree ops run one at a time on numpy arrays, with error bounds
+"""
