@@ -46,9 +46,10 @@ def _packages():
     return sorted(p.parent for p in (ROOT / "tfm_local").rglob("__init__.py"))
 
 
-@pytest.mark.parametrize("pkg", [p for p in _packages() if p.name in ("decode", "llama", "files", "bench", "testing")],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("pkg", _packages() + [ROOT / "convert"], ids=lambda p: p.name)
 def test_module_map_lists_every_module(pkg):
     doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
-    missing = [m.stem for m in pkg.glob("*.py") if m.stem != "__init__" and f"``{m.stem}``" not in doc]
+    names = [m.stem for m in pkg.glob("*.py") if m.stem != "__init__"]
+    names += [d.name for d in pkg.iterdir() if (d / "__init__.py").is_file()]
+    missing = [m for m in names if f"``{m}``" not in doc and f"{m}.py" not in doc]
     assert not missing, f"{pkg.name}/__init__.py's module map lacks {missing}"

@@ -1,1 +1,7 @@
-"""Command-line tools: tfm-chat, tfm-bench (thin: parse, call, print)."""
+"""The runtime's command-line tools (thin: parse, call, print); the benchmarks' live in ``tfm_local.bench``.
+
+- ``chat``   ``tfm-chat``: terminal chat and one-shot answers
+- ``serve``  ``tfm-serve``: the OpenAI-compatible server (the app itself is ``tfm_local.server``)
+- ``train``  ``tfm-train``: the drafter trainer's subcommands (the work is ``tfm_local.train``)
+- ``common`` options and helpers the tools share (engine options, sampling options, JSON output)
+"""
