@@ -53,3 +53,9 @@ def test_module_map_lists_every_module(pkg):
     names += [d.name for d in pkg.iterdir() if (d / "__init__.py").is_file()]
     missing = [m for m in names if f"``{m}``" not in doc and f"{m}.py" not in doc]
     assert not missing, f"{pkg.name}/__init__.py's module map lacks {missing}"
+
+
+def test_shipped_drafters_are_where_the_resolver_looks():
+    from tfm_local.files.drafters import ASSETS, SHIPPED
+
+    assert SHIPPED and all((ASSETS / name).is_file() for name in SHIPPED.values()), (ASSETS, SHIPPED)

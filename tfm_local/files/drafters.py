@@ -31,7 +31,7 @@ from pathlib import Path
 from .paths import cache_dir
 
 RANDOM_LAYERS = 1
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"  # tfm_local/assets: the shipped drafters
 
 #: target identity (see ``_file_key``) → shipped vocabulary-less drafter (trained, see docs/training.md)
 SHIPPED = {
