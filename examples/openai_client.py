@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-from openai import OpenAI
+from openai import APIConnectionError, APIStatusError, OpenAI
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,4 +65,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except APIConnectionError as e:
+        sys.exit(f"openai_client.py: no server answers at the base URL ({e}); start tfm-serve first")
+    except APIStatusError as e:
+        sys.exit(f"openai_client.py: the server refused the request: {e}")

@@ -11,8 +11,10 @@ none), ``random``, a drafter GGUF, or ``none`` for plain decoding.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tfm_local import Engine
+from tfm_local.files.models import ModelError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,4 +47,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ModelError, OSError, ValueError, RuntimeError) as e:  # a missing or unfit model, a bad option
+        sys.exit(f"python_api.py: {e}")

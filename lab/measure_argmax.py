@@ -2,7 +2,7 @@
 
 Usage: PYTHONPATH=. python lab/measure_argmax.py [REPS]. Prefills 300 tokens, then per repetition
 and mode one untimed and one timed pass of 1 token, a 16-node and a 64-node tree (freed after
-each pass); host = logits to the host + np.argmax of every row, backend = Target.verify*_argmax.
+each pass); host = logits to the host + np.argmax of every row, backend = Target.verify(..., backend_argmax=True).
 """
 import sys, time
 import numpy as np
@@ -23,16 +23,11 @@ for n in (16, 64):
 
 def one(mode, n):
     t0 = time.perf_counter()
-    if n == 1:
-        ids = t.verify_argmax([1234]) if mode == "backend" else np.argmax(t.verify([1234]), axis=1)
-        dt = time.perf_counter() - t0
-        t.commit(0)
-    else:
-        tok, depth, par = trees[n]
-        ids = (t.verify_tree_argmax(tok, depth, par) if mode == "backend"
-               else np.argmax(np.asarray(t.verify_tree(tok, depth, par)), axis=1))
-        dt = time.perf_counter() - t0
-        t.commit_tree([])
+    tok, depth, par = ([1234], None, None) if n == 1 else trees[n]
+    v = t.verify(tok, par, depth, backend_argmax=mode == "backend")
+    ids = v.ids if mode == "backend" else np.argmax(np.asarray(v.logits), axis=1)
+    dt = time.perf_counter() - t0
+    t.commit([])
     return dt, ids
 
 res = {(m, n): [] for m in ("host", "backend") for n in (1, 16, 64)}

@@ -144,3 +144,46 @@ def test_draft_limit_bounds(tmp_path):
     t.prefill([1, 2, 3])
     assert draft_limit(63, 100, t) == 15    # one batch
     t.close()
+
+
+def test_verify_refuses_before_any_native_call(paths):
+    """A second verify before a commit, and malformed tokens, are refused with the target still usable."""
+    t = Target(paths[0], n_ctx=128, n_batch=32, n_threads=1)
+    t.prefill(PROMPT)
+    first = np.array(t.verify([5, 6, 7], [-1, 0, 0]).logits)
+    with pytest.raises(ValueError, match="not committed"):
+        t.verify([5, 6, 7], [-1, 0, 0])
+    t.commit([0, 2])
+    for bad in ([], [1.5, 2.0], [[1, 2]]):
+        with pytest.raises(ValueError, match="integer token ids"):
+            t.verify(bad)
+    with pytest.raises(ValueError, match="nothing to commit"):
+        t.commit([0])
+    got = np.array(t.verify([9]).logits)[0]
+    t.commit([0])
+    ref = Target(paths[0], n_ctx=128, n_batch=32, n_threads=1)
+    ref.prefill(PROMPT + [5, 7])
+    np.testing.assert_allclose(got, np.array(ref.verify([9]).logits)[0], atol=1e-3)
+    assert first.shape == (3, t.model.n_vocab)
+    ref.close()
+    t.close()
+
+
+def test_engine_checks_options_before_loading_models(tmp_path):
+    from tfm_local.engine import Engine
+
+    missing = tmp_path / "nothing-here.gguf"  # a model would fail to load: these fail first
+    for kw, msg in [({"tree": "bogus"}, "unknown tree mode"), ({"tree_width": 0}, "must be >= 1"),
+                    ({"budget": -2}, "budget must be >= 0"), ({"budget": "x"}, "budget must be"),
+                    ({"greedy_argmax": "gpu"}, "greedy argmax")]:
+        with pytest.raises(ValueError, match=msg):
+            Engine(missing, **kw)
+
+
+def test_generate_checks_max_tokens_when_called(paths):
+    from tfm_local.engine import Engine
+
+    with Engine(paths[0], drafter=None, n_ctx=128, n_threads=1) as e:
+        for n in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="max_tokens"):
+                e.generate("Hi", max_tokens=n, stream=True)

@@ -49,6 +49,18 @@ def backend_argmax_wanted(mode: str, on_gpu: bool) -> bool:
     return mode == "backend"
 
 
+def _check_budget(budget) -> None:
+    """ValueError unless ``budget`` is ``"auto"``, None or an integer >= 0."""
+    if isinstance(budget, str):
+        if budget != "auto":
+            raise ValueError(f"budget must be an integer >= 0, None or 'auto', got {budget!r}")
+    elif budget is not None:
+        if isinstance(budget, bool) or int(budget) != budget:
+            raise ValueError(f"budget must be an integer >= 0, None or 'auto', got {budget!r}")
+        if budget < 0:
+            raise ValueError(f"budget must be >= 0, got {budget}")
+
+
 class Engine:
     """Speculative decoding engine over a GGUF target and an optional DFlash drafter.
 
@@ -71,6 +83,8 @@ class Engine:
             the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``; on a GPU the full
             vocabulary, ``drafters.draft_vocab_on``), "full" (none), or an ``.npy`` file of target token ids.
     Raises:
+        ValueError: a bad option (checked before any model is loaded, but ``tree_top_k`` above the
+            target's vocabulary, checked once it is).
         ModelNotFoundError / FileNotFoundError: a model cannot be found.
         DrafterMismatchError: the drafter does not fit the target.
     """
@@ -84,8 +98,14 @@ class Engine:
         from .llama.model import gpu_available
         from .files.models import DEFAULT_TARGET, resolve_model
 
-        backend_argmax_wanted(greedy_argmax, False)  # a bad mode fails before any model is loaded
+        # bad options fail before any model is loaded
+        backend_argmax_wanted(greedy_argmax, False)
         check_draft_vocab_mode(draft_vocab)
+        _check_budget(budget)
+        if tree not in TREE_SHAPES:
+            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
+        if int(tree_width) < 1 or int(tree_top_k) < 1:
+            raise ValueError(f"tree_width and tree_top_k must be >= 1 (got {tree_width}, {tree_top_k})")
         target_path = resolve_model(target or DEFAULT_TARGET)
         self.target = Target(target_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers)
@@ -96,11 +116,10 @@ class Engine:
             dpath = resolve_drafter(drafter, target_path, draft_vocab_on(draft_vocab, on_gpu))
             self.drafter = DFlashDrafter(dpath, self.target, kv_type=drafter_kv_type, n_threads=n_threads,
                                          n_gpu_layers=n_gpu_layers)
-        if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
-        if int(tree_width) < 1 or not 1 <= int(tree_top_k) <= self.target.model.n_vocab:
-            raise ValueError(f"tree_width must be >= 1 and tree_top_k in 1..n_vocab "
-                             f"(got {tree_width}, {tree_top_k})")
+        n_vocab = self.target.model.n_vocab
+        if int(tree_top_k) > n_vocab:
+            self.close()
+            raise ValueError(f"tree_top_k must be at most the vocabulary size {n_vocab} (got {tree_top_k})")
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.budget = 0
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
@@ -118,9 +137,10 @@ class Engine:
 
         Raises ValueError for a negative budget or an unknown string.
         """
+        if self.target is None:
+            raise RuntimeError("this Engine is closed")
+        _check_budget(budget)
         if isinstance(budget, str):
-            if budget != "auto":
-                raise ValueError(f"budget must be an integer >= 0, None or 'auto', got {budget!r}")
             self.set_budget(None)
             self.auto = self._auto_for(self.tree_mode) if self.drafter is not None else None
             return
@@ -133,8 +153,6 @@ class Engine:
             max_budget = self.target.n_batch - 1
             budget = DEFAULT_TREE_BUDGET if budget is None else budget
         b = max_budget if budget is None else min(int(budget), max_budget)
-        if b < 0:
-            raise ValueError(f"budget must be >= 0, got {budget}")
         if self.drafter is not None and (b > 0) != (self.budget > 0):
             self.target.set_features(self.drafter.layers if b > 0 else [])
         self.budget = b
@@ -187,8 +205,8 @@ class Engine:
         """
         if self.target is None:
             raise RuntimeError("this Engine is closed")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if stop is not None and not isinstance(stop, (str, list, tuple)):
             raise ValueError("stop must be a string or a list of strings")
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)

@@ -1,4 +1,5 @@
-"""One decode step, one module per stage, in the order a step runs them (engine.py drives them):
+"""One decode step, one module per stage, in the order a step runs them (``step.run_step`` drives them,
+the engine calls it once per step):
 
 - ``draft``    the DFlash drafter: target features injected into its KV cache, one block pass,
                the chain or the top-K marginals per block position (``DFlashDrafter``)

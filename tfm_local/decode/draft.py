@@ -9,8 +9,9 @@ block position i (i ≥ 1) are the drafter's marginal for the token at P+i.
 Token embedding and LM head are the target's, shared through ``ctx_other``.
 
 KV bookkeeping: the drafter cache holds injected features at ``0 .. P-1``
-plus, after a draft, the noise block at ``P ..``; ``commit`` drops the noise
-block and injects the accepted tokens' features.
+plus, after a draft, the noise block at ``P ..``; ``inject`` (after the target's commit) drops the
+noise block and writes the accepted tokens' features; ``defer`` queues a plain step's row for the next
+draft's injection.
 
 Top-K per block position (``top_k``, ``draft_chain``) is computed in the
 drafter's ggml graph by a backend sampler of our patch API (full-vocabulary

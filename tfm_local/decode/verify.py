@@ -37,7 +37,7 @@ MIN_CTX = 32
 
 
 def _nothing() -> None:
-    """The default ``on_submit`` hook of the verify methods."""
+    """The default ``on_submit`` hook of ``Target.verify``."""
 
 
 class ContextOverflowError(ValueError):
@@ -261,6 +261,13 @@ class Target:
         a tree's nodes are submitted sorted by depth (stable: parents stay before children) and the rows
         mapped back.
         """
+        if self._parents is not None:
+            raise ValueError("the last verification is not committed: call commit(path) first "
+                             "(commit([]) keeps none of it)")
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"verify needs a non-empty 1-d array of integer token ids, got {tokens.dtype} "
+                             f"of shape {tokens.shape}")
         n = len(tokens)
         plain = parents is None
         parents, depth = _check_tree(np.arange(-1, n - 1) if plain else parents, depth, n)
@@ -272,7 +279,7 @@ class Target:
         if plain or chain and (self.can_truncate or n == 1):
             if self.n_past + n > self.n_ctx:
                 raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
-            self.ctx.decode_tokens(tokens, self.n_past, "all")
+            self.ctx.decode_tokens(tokens.tolist(), self.n_past, "all")
             self._row, self._parents, self._tree_mode = np.arange(n), parents, False
         else:
             self._decode_tree(tokens, depth, parents)
@@ -311,12 +318,12 @@ class Target:
 
     def attach_argmax(self, n_rows: int) -> bool:
         """Compute each output row's argmax in the ggml graph (``native.topk_attach`` with k = 1)
-        for batches of up to ``n_rows`` output rows, so that ``*_argmax`` decodes copy one int per
+        for batches of up to ``n_rows`` output rows, so that ``prefill_argmax`` and ``verify(backend_argmax=True)`` copy one int per
         row instead of ``n_vocab`` floats.
 
         Re-attaches (a scheduler reserve at the next decode) only when ``n_rows`` exceeds the
         attached limit; a smaller request keeps it. Returns False when the backend cannot run the
-        sampler (remembered; use the logits methods). Raises ValueError for ``n_rows`` outside
+        sampler (remembered; read logits instead). Raises ValueError for ``n_rows`` outside
         1..n_batch.
 
         The graph takes an argmax (``ggml_argmax``) per row and nothing over the full row besides.
@@ -334,7 +341,7 @@ class Target:
 
     def _check_argmax(self, n_rows: int) -> None:
         if not self.argmax_rows:
-            raise RuntimeError("no backend argmax is attached: call attach_argmax first (or use the logits methods)")
+            raise RuntimeError("no backend argmax is attached: call attach_argmax first (or verify without backend_argmax)")
         if n_rows > self.argmax_rows:
             raise ValueError(f"a batch of {n_rows} output rows exceeds the backend argmax's limit of "
                              f"{self.argmax_rows}: attach_argmax({n_rows}) first")
@@ -356,9 +363,12 @@ class Target:
         cache back (``can_truncate`` False: a recurrent hybrid) would drop tokens of a plainly decoded chain.
         """
         par = self._parents
-        nodes = [int(x) for x in path]
         if par is None:
             raise ValueError("nothing to commit: call verify first")
+        arr = np.asarray(list(path))
+        if arr.size and (arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"a commit path is a list of node indices (integers), got {arr.dtype} {arr.shape}")
+        nodes = [int(x) for x in arr]
         for m, a in enumerate(nodes):
             if not 0 <= a < len(par) or par[a] != (nodes[m - 1] if m else -1):
                 raise ValueError(f"commit path {nodes} is not a root-to-node path of the last tree "
