@@ -163,7 +163,7 @@ def test_verify_refuses_before_any_native_call(paths):
     t.commit([0])
     ref = Target(paths[0], n_ctx=128, n_batch=32, n_threads=1)
     ref.prefill(PROMPT + [5, 7])
-    np.testing.assert_allclose(got, np.array(ref.verify([9]).logits)[0], atol=1e-3)
+    assert close(got, np.array(ref.verify([9]).logits)[0])  # the committed path is [5, 7]: batch shapes differ
     assert first.shape == (3, t.model.n_vocab)
     ref.close()
     t.close()
