@@ -62,6 +62,33 @@ def test_bench_writes_table_and_json(pair, tmp_path):
     assert plain == chain
 
 
+def test_bench_samples_with_one_seed_per_prompt(pair, tmp_path):
+    """--temperature > 0: every mode of a prompt draws with the same seed, so on the CPU (bitwise-equal
+    logits on these tiny models) the chain and DDTree emit exactly plain decoding's sampled tokens; the
+    near-tie check, which is about argmax picks, is not run."""
+    target, drafter = pair
+    out = tmp_path / "s.json"
+    r = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+            "-n", "2", "--max-tokens", "12", "--modes", "plain,chain,ddtree@4", "--temperature", "0.9",
+            "--top-p", "0.95", "--seed", "5", "--no-plot", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 5}
+    runs = doc["runs"]
+    assert all(x["sampled"] for x in runs)
+    by = {(x["prompt_id"], x["mode"]): x["output_ids"] for x in runs}
+    for pid in {x["prompt_id"] for x in runs}:
+        assert by[(pid, "chain")] == by[(pid, "plain")] == by[(pid, "ddtree@4")]
+    summary = {row["mode"]: row for row in doc["summary"]}
+    assert summary["chain"]["mismatches"] == 0 and summary["chain"]["not_near_ties"] is None
+    greedy = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+                 "-n", "2", "--max-tokens", "12", "--modes", "plain", "--no-plot", "--json", str(tmp_path / "g.json"))
+    g = json.loads((tmp_path / "g.json").read_text())
+    assert g["sampling"] is None and not any(x["sampled"] for x in g["runs"])
+    assert [x["output_ids"] for x in g["runs"]] != [by[(x["prompt_id"], "plain")] for x in g["runs"]]
+    assert greedy.returncode == 0
+
+
 def test_an_interrupted_bench_keeps_its_finished_sets(pair, tmp_path, monkeypatch):
     """After each prompt set but the last the JSON is written (atomically), marked incomplete: a run
     stopped in its second set keeps the first one's rows and runs."""
@@ -70,11 +97,11 @@ def test_an_interrupted_bench_keeps_its_finished_sets(pair, tmp_path, monkeypatc
     target, drafter = pair
     real, calls = bench.run_checked, []
 
-    def stop_in_the_second_set(engine, prompt, mode, max_tokens):
+    def stop_in_the_second_set(engine, prompt, mode, max_tokens, sp=None):
         calls.append(prompt.id)
         if len(calls) > 2:  # gsm8k: one prompt in two modes; then the first humaneval run
             raise KeyboardInterrupt
-        return real(engine, prompt, mode, max_tokens)
+        return real(engine, prompt, mode, max_tokens, sp)
 
     monkeypatch.setattr(bench, "run_checked", stop_in_the_second_set)
     out = tmp_path / "b.json"
@@ -116,6 +143,8 @@ def test_bench_parse_modes_rejects(text):
     (["--modes", "plain,ddtree@zero"], "unknown mode"),
     (["--budget", "4"], "--modes"),
     (["--no-draft", "--modes", "plain,chain"], "need a drafter"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
 ])
 def test_bench_bad_input_is_a_clear_error(pair, tmp_path, args, msg):
     target, drafter = pair

@@ -8,6 +8,9 @@ speculative mode's output is compared with plain decoding's: mismatches are
 counted, not fatal (near-ties can flip with a different batch shape), and each
 is checked (``tfm_local.lossless``): the table's "(not ties)" counts those that do
 not start at a numerical near-tie, i.e. bugs, and a warning names them.
+``--temperature`` > 0 (with ``--top-k/--top-p/--min-p``) samples instead, every mode of a prompt
+with the same seed (``--seed``, default 0): plain and speculative decoding then emit the same tokens
+wherever their logits agree, so mismatches are still counted; the near-tie check is greedy-only.
 Prints a table, writes JSON (per prompt and per set; also after each prompt set but the last, marked
 ``"complete": false``, so that an interrupted run keeps its finished sets) and plots τ and tokens/s
 against the budget B per prompt set (PNG); ``--plot-only`` redraws the plot
@@ -16,6 +19,7 @@ from a JSON file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -23,7 +27,8 @@ import sys
 import time
 from typing import NamedTuple
 
-from ..cli.common import add_engine_args, check_writable, engine_from_args, fail, run_record, write_json as write_common_json
+from ..cli.common import (add_engine_args, add_sampling_args, check_writable, engine_from_args, fail, run_record,
+                          sampling_kwargs, write_json as write_common_json)
 
 SHAPES = ("chain", "ddtree", "wide")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
@@ -82,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--modes", default=DEFAULT_MODES,
                     help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, auto (automatic budget "
                          "with the chain), ddtree@auto (default %(default)s)")
+    add_sampling_args(ap)
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="untimed run of every mode on the first prompt first, this many tokens (default 16; 0 = none)")
     ap.add_argument("--json", default="bench.json", help="output JSON path (default bench.json)")
@@ -92,8 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def run_one(engine, prompt, mode: Mode, max_tokens: int) -> dict:
-    """Greedy generation of one prompt in one mode; returns its stats, the budget used and the output ids.
+def run_one(engine, prompt, mode: Mode, max_tokens: int, sp=None) -> dict:
+    """One prompt in one mode, greedy or with ``sp`` (a ``SamplingParams``); returns its stats, the
+    budget used and the output ids.
 
     ``budget`` in the result is the engine's budget after clamping (block size - 1 for the chain,
     the batch size - 1 for trees), or ``"auto"`` with its cap in ``budget_max``.
@@ -102,18 +109,18 @@ def run_one(engine, prompt, mode: Mode, max_tokens: int) -> dict:
 
     engine.set_draft(mode.tree, mode.budget)
     ids = engine.prompt_tokens(prompt.messages)
-    out = list(engine.generate_ids(ids, max_tokens, SamplingParams()))
+    out = list(engine.generate_ids(ids, max_tokens, sp or SamplingParams()))
     d = engine.stats.to_dict()
     d.update(prompt_id=prompt.id, mode=mode.label, tree=mode.tree,
              budget="auto" if mode.budget == "auto" else engine.budget, budget_max=engine.budget,
-             output_ids=out)
+             sampled=not (sp or SamplingParams()).greedy, output_ids=out)
     return d
 
 
-def run_checked(engine, prompt, mode: Mode, max_tokens: int) -> dict:
+def run_checked(engine, prompt, mode: Mode, max_tokens: int, sp=None) -> dict:
     """``run_one``; a prompt the engine refuses (no chat template, over the context) ends the program clearly."""
     try:
-        return run_one(engine, prompt, mode, max_tokens)
+        return run_one(engine, prompt, mode, max_tokens, sp)
     except ValueError as e:
         fail(str(e))
 
@@ -176,7 +183,7 @@ def aggregate(rows: list[dict]) -> dict:
                 n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0, ms_per_step=phase_ms(rows, steps),
                 mismatches=checked.count(False) if checked else None,
                 not_near_ties=sum(1 for r in rows if r.get("divergence") and not r["divergence"]["near_tie"])
-                if checked else None)
+                if checked and not any(r.get("sampled") for r in rows) else None)
 
 
 def summarize(runs: list[dict], set_name: str, modes: list[Mode]) -> list[dict]:
@@ -209,6 +216,13 @@ def main(argv=None) -> None:
         fail(str(e))
     if args.max_tokens < 1 or args.n_prompts < 1 or args.warmup_tokens < 0:
         fail("--max-tokens and -n must be >= 1, --warmup-tokens >= 0")
+    from ..decode.sampling import SamplingParams
+
+    try:
+        kw = sampling_kwargs(args)
+        sp = SamplingParams(**{**kw, "seed": 0 if kw["seed"] is None else kw["seed"]})
+    except ValueError as e:
+        fail(str(e))
     check_writable(args.json, "--json")
     png = plot_path(args)
     if png:
@@ -230,24 +244,25 @@ def main(argv=None) -> None:
     first = next((ps[0] for ps in sets.values() if ps), None)
     if first is not None and args.warmup_tokens:
         for mode in modes:  # the first passes of each shape allocate buffers: untimed
-            run_checked(engine, first, mode, args.warmup_tokens)
+            run_checked(engine, first, mode, args.warmup_tokens, sp)
     for k, (name, prompts) in enumerate(sets.items()):
         for i, p in enumerate(prompts):
-            runs += [dict(run_checked(engine, p, m, args.max_tokens), set=name) for m in modes]
+            runs += [dict(run_checked(engine, p, m, args.max_tokens, sp), set=name) for m in modes]
             print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         mark_mismatches(runs)
-        classify_mismatches(engine, runs, {(name, p.id): p for p in prompts})
+        if sp.greedy:  # the near-tie rule is about argmax picks
+            classify_mismatches(engine, runs, {(name, p.id): p for p in prompts})
         table += summarize(runs, name, modes)
         if k + 1 < len(sets):  # sets still to run: keep the finished ones on disk
-            write_json(args, table, runs, engine, argv, sets_done=list(sets)[:k + 1])
+            write_json(args, table, runs, engine, argv, sets_done=list(sets)[:k + 1], sp=sp)
     print_table(table)
     bad = [f"{r['set']}/{r['prompt_id']} {r['mode']}" for r in runs
            if r.get("divergence") and not r["divergence"]["near_tie"]]
     if bad:
         print(f"warning: {len(bad)} output(s) differ from plain decoding without a near-tie: "
               + ", ".join(bad), file=sys.stderr)
-    write_json(args, table, runs, engine, argv)
+    write_json(args, table, runs, engine, argv, sp=sp)
     engine.close()
     if png:
         draw_or_warn(table, png)
@@ -289,7 +304,8 @@ def print_table(table: list[dict]) -> None:
           f"{'speedup':>8} {'mismatches (not ties)':>21}")
     for r in table:
         sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        mm = "-" if r["mismatches"] is None else f"{r['mismatches']} ({r['not_near_ties']})"
+        ties = "-" if r["not_near_ties"] is None else r["not_near_ties"]
+        mm = "-" if r["mismatches"] is None else f"{r['mismatches']} ({ties})"
         print(f"{r['set']:<10} {r['mode']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
               f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>21}")
     print_phases(table, w)
@@ -317,13 +333,15 @@ def machine_info(args, engine) -> dict:
                 gpu=bool(gpu_available() and not args.cpu))
 
 
-def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None) -> None:
-    """Write the bench JSON atomically: command, date, machine, models, summary rows and per-prompt runs.
+def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None, sp=None) -> None:
+    """Write the bench JSON atomically: command, date, machine, models, sampling (``sp``: None = greedy),
+    summary rows and per-prompt runs.
     With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
     lists the finished sets, so that an interrupted run keeps them."""
     doc = dict(**run_record(argv), machine=machine_info(args, engine),
                target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
                else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
+               sampling=None if sp is None or sp.greedy else dataclasses.asdict(sp),
                complete=sets_done is None, summary=table, runs=runs, written=time.time())
     if sets_done is not None:
         doc["sets_done"] = sets_done
