@@ -270,12 +270,17 @@ class Target:
                              f"of shape {tokens.shape}")
         n = len(tokens)
         plain = parents is None
-        parents, depth = _check_tree(np.arange(-1, n - 1) if plain else parents, depth, n)
+        chain_parents = np.arange(-1, n - 1)
+        par = chain_parents if plain else np.asarray(parents)
+        chain = plain or (np.issubdtype(par.dtype, np.integer) and np.array_equal(par, chain_parents))
+        if chain and (depth is None or np.array_equal(depth, chain_parents + 1)):
+            parents, depth = chain_parents, chain_parents + 1  # a chain is a well-formed tree: nothing to check
+        else:
+            parents, depth = _check_tree(par, depth, n)
         if backend_argmax:
             self._check_argmax(n)
         else:
             self.detach_argmax()
-        chain = plain or bool(np.array_equal(parents, np.arange(-1, n - 1)))
         if plain or chain and (self.can_truncate or n == 1):
             if self.n_past + n > self.n_ctx:
                 raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
