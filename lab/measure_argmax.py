@@ -2,7 +2,7 @@
 
 Usage: PYTHONPATH=. python lab/measure_argmax.py [REPS]. Prefills 300 tokens, then per repetition
 and mode one untimed and one timed pass of 1 token, a 16-node and a 64-node tree (freed after
-each pass); host = logits to the host + np.argmax of every row, backend = Target.verify(..., backend_argmax=True).
+each pass); host = logits to the host + np.argmax of every row, backend = Target.verify(..., backend_choice=True).
 """
 import sys, time
 import numpy as np
@@ -24,7 +24,7 @@ for n in (16, 64):
 def one(mode, n):
     t0 = time.perf_counter()
     tok, depth, par = ([1234], None, None) if n == 1 else trees[n]
-    v = t.verify(tok, par, depth, backend_argmax=mode == "backend")
+    v = t.verify(tok, par, depth, backend_choice=mode == "backend")
     ids = v.ids if mode == "backend" else np.argmax(np.asarray(v.logits), axis=1)
     dt = time.perf_counter() - t0
     t.commit([])
@@ -37,7 +37,7 @@ for r in range(reps):
     for mode in ("host", "backend"):
         if mode == "backend":
             t.attach_argmax(64)
-            t.prefill_argmax(prompt)
+            t.prefill_choice(prompt)
         else:
             t.prefill(prompt)
         for n in (1, 16, 64):

@@ -42,21 +42,26 @@ def prefix_of(node, parents, tokens, context):
     return context + tuple(reversed(path))
 
 
+def pick(choose, prefix):
+    """The target's token after ``prefix``: drawn for position ``len(prefix)``."""
+    return choose(logits_of(prefix), len(prefix))
+
+
 def plain_decode(context, n, sp):
     choose = TokenChooser(sp)
     out = []
     while len(out) < n:
-        out.append(choose(logits_of(context + tuple(out))))
+        out.append(pick(choose, context + tuple(out)))
     return out
 
 
 def speculative_decode(context, n, sp, rng, tree_size):
     choose = TokenChooser(sp)
-    out = [choose(logits_of(context))]
+    out = [pick(choose, context)]
     while len(out) < n:
         parents, tokens = random_tree(rng, tree_size, out[-1])
         base = context + tuple(out[:-1])
-        walk = walk_tree(parents, tokens, lambda node: choose(logits_of(prefix_of(node, parents, tokens, base))),
+        walk = walk_tree(parents, tokens, lambda node: pick(choose, prefix_of(node, parents, tokens, base)),
                          max_tokens=n - len(out))
         assert all(int(tokens[walk.path[i + 1]]) == walk.tokens[i] for i in range(walk.n_accepted))
         out.extend(walk.tokens)
@@ -66,7 +71,7 @@ def speculative_decode(context, n, sp, rng, tree_size):
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
 @pytest.mark.parametrize("tree_size", [1, 2, 8, 40])
 def test_walk_equals_plain_decoding(temperature, tree_size):
-    """Same seed, same random stream: the speculative output is token-for-token the plain one."""
+    """Same seed, draws keyed by position: the speculative output is token-for-token the plain one."""
     rng = np.random.default_rng(tree_size)
     for trial in range(5):
         sp = SamplingParams(temperature=temperature, top_k=4 if trial % 2 else 0, top_p=0.9 if trial % 3 else 1.0,
@@ -85,7 +90,7 @@ def test_greedy_accepts_longest_matching_branch():
     tokens = [greedy[0], wrong, greedy[2], greedy[1], greedy[2], greedy[3], greedy[4]]
     choose = TokenChooser(SamplingParams())
     p, t = np.array(parents), np.array(tokens)
-    walk = walk_tree(p, t, lambda node: choose(logits_of(prefix_of(node, p, t, ctx))))
+    walk = walk_tree(p, t, lambda node: pick(choose, prefix_of(node, p, t, ctx)))
     assert walk.path == [0, 3, 4, 5, 6]
     assert walk.tokens == greedy[1:6]
 
@@ -95,5 +100,5 @@ def test_max_tokens_stops_the_walk():
     greedy = plain_decode(ctx, 5, SamplingParams())
     p, t = np.arange(-1, 4), np.array(greedy[:5])
     choose = TokenChooser(SamplingParams())
-    walk = walk_tree(p, t, lambda node: choose(logits_of(prefix_of(node, p, t, ctx))), max_tokens=2)
+    walk = walk_tree(p, t, lambda node: pick(choose, prefix_of(node, p, t, ctx)), max_tokens=2)
     assert walk.tokens == greedy[1:3] and walk.path == [0, 1]

@@ -68,10 +68,10 @@ def test_on_submit_fires_once_before_results(target):
     target.verify(toks, parents, depth, on_submit=lambda: calls.append("tree"))
     target.reset()
     if target.attach_argmax(8):
-        target.verify(toks, backend_argmax=True, on_submit=lambda: calls.append("chain-argmax"))
+        target.verify(toks, backend_choice=True, on_submit=lambda: calls.append("chain-argmax"))
         target.reset()
-        target.verify(toks, parents, depth, backend_argmax=True, on_submit=lambda: calls.append("tree-argmax"))
-        target.detach_argmax()
+        target.verify(toks, parents, depth, backend_choice=True, on_submit=lambda: calls.append("tree-argmax"))
+        target.detach_choice()
         assert calls[2:] == ["chain-argmax", "tree-argmax"]
     assert calls[:2] == ["chain", "tree"]
     target.reset()

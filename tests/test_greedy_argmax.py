@@ -37,11 +37,11 @@ def test_argmax_rows_equal_host_argmax(pair):
     try:
         prompt = t.tok.encode(PROMPTS[0])
         assert t.attach_argmax(64)
-        assert t.prefill_argmax(prompt) == int(np.argmax(ref.prefill(prompt)))
+        assert t.prefill_choice(prompt) == int(np.argmax(ref.prefill(prompt)))
         rng = np.random.default_rng(0)
         for n in (1, 5, 33):
             parents, tokens, depth = random_tree(rng, n, t.model.n_vocab)
-            ids = t.verify(tokens, parents, depth, backend_argmax=True).ids
+            ids = t.verify(tokens, parents, depth, backend_choice=True).ids
             assert ids.dtype == np.int32 and ids.shape == (n,)
             logits = np.asarray(ref.verify(tokens, parents, depth).logits)
             assert list(ids) == list(np.argmax(logits, axis=1))
@@ -49,7 +49,7 @@ def test_argmax_rows_equal_host_argmax(pair):
             ref.commit([0])
         if t.can_truncate:
             chain = rng.integers(0, t.model.n_vocab, 9)
-            assert list(t.verify(chain, backend_argmax=True).ids) == list(np.argmax(ref.verify(chain).logits, axis=1))
+            assert list(t.verify(chain, backend_choice=True).ids) == list(np.argmax(ref.verify(chain).logits, axis=1))
     finally:
         t.close()
         ref.close()
@@ -60,18 +60,18 @@ def test_row_limit_and_detach(pair):
     try:
         prompt = t.tok.encode(PROMPTS[2])
         with pytest.raises(RuntimeError, match="attach_argmax"):
-            t.prefill_argmax(prompt)
+            t.prefill_choice(prompt)
         for bad in (0, 33):
             with pytest.raises(ValueError, match="1..32"):
                 t.attach_argmax(bad)
         assert t.attach_argmax(4) and t.argmax_rows == 4
-        t.prefill_argmax(prompt)
+        t.prefill_choice(prompt)
         tokens, depth, parents = np.arange(5) + 3, np.arange(5), np.arange(-1, 4)
-        with pytest.raises(ValueError, match="5 output rows exceeds the backend argmax's limit of 4"):
-            t.verify(tokens, parents, depth, backend_argmax=True)
+        with pytest.raises(ValueError, match="5 output rows exceeds the backend chooser's limit of 4"):
+            t.verify(tokens, parents, depth, backend_choice=True)
         assert t.attach_argmax(2) and t.argmax_rows == 4    # a smaller request keeps the limit
         assert t.attach_argmax(5) and t.argmax_rows == 5    # a larger one re-attaches
-        assert len(t.verify(tokens, parents, depth, backend_argmax=True).ids) == 5
+        assert len(t.verify(tokens, parents, depth, backend_choice=True).ids) == 5
         t.commit([0, 1])
         logits = t.prefill(prompt)                          # the logits methods detach
         assert t.argmax_rows == 0 and logits.shape == (t.model.n_vocab,) and np.isfinite(logits).all()
@@ -114,8 +114,8 @@ def test_engine_backend_argmax_equals_host_and_plain(pair):
             same_as_plain(outputs(target, drafter, "host", tree, budget, oracle), plain)
 
 
-def test_sampling_ignores_the_backend_argmax(pair):
-    """Temperature > 0 reads logits (the sampler is detached): same seed, same output as host mode."""
+def test_sampling_replaces_the_backend_argmax(pair):
+    """Temperature > 0 draws in the graph whatever the greedy mode: same seed, same output in both modes."""
     from tfm_local.decode.sampling import SamplingParams
 
     sp = SamplingParams(temperature=0.8, seed=5)
@@ -123,7 +123,7 @@ def test_sampling_ignores_the_backend_argmax(pair):
             Engine(pair[0], None, n_ctx=256, greedy_argmax="host") as b:
         run_ids(a, PROMPTS[0], 4)          # attaches
         assert run_ids(a, PROMPTS[0], 24, sp) == run_ids(b, PROMPTS[0], 24, sp)
-        assert a.target.argmax_rows == 0
+        assert a.target.argmax_rows == 0 and a.target.choice_rows > 0
 
 
 def test_argmax_mode_choice(monkeypatch):

@@ -1,9 +1,9 @@
-"""Logit processing, inverse-CDF sampling and stop strings."""
+"""Logit processing, the keyed Gumbel-max draw on the host and stop strings."""
 import numpy as np
 import pytest
 from scipy import stats
 
-from tfm_local.decode.sampling import SamplingParams, sample, target_probs
+from tfm_local.decode.sampling import SamplingParams, TokenChooser, draw_key, sample_row, target_probs
 from tfm_local.stops import StopMatcher
 
 
@@ -24,15 +24,27 @@ def test_top_k_top_p_min_p_cut_the_tail():
     assert np.allclose(q[:2], [0.5 / 0.8, 0.3 / 0.8])
 
 
-def test_inverse_cdf_sampling_matches_distribution():
-    """Chi-square goodness of fit (false-alarm rate 1e-3)."""
-    p = np.array([0.1, 0.0, 0.4, 0.2, 0.3])
-    rng = np.random.default_rng(0)
-    draws = np.array([sample(p, rng.random()) for _ in range(20000)])
-    counts = np.bincount(draws, minlength=5)
-    assert counts[1] == 0
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_p=0.9),
+                                SamplingParams(temperature=1.4, top_k=3, min_p=0.05)])
+def test_keyed_draws_match_the_distribution(sp):
+    """20,000 draws with 20,000 keys: chi-square against target_probs (false-alarm rate 1e-4)."""
+    x = np.log(np.array([0.1, 1e-9, 0.4, 0.2, 0.25, 0.05])).astype(np.float32)
+    p = target_probs(x, sp)
+    draws = np.array([sample_row(x, sp, draw_key(3, pos))[0] for pos in range(20000)])
+    counts = np.bincount(draws, minlength=len(p))
+    assert counts[p == 0].sum() == 0
     nz = p > 0
-    assert stats.chisquare(counts[nz], 20000 * p[nz]).pvalue > 1e-3
+    assert stats.chisquare(counts[nz], 20000 * p[nz]).pvalue > 1e-4
+
+
+def test_a_draw_depends_on_seed_and_position_only():
+    x = np.random.default_rng(0).normal(0, 1, 1000).astype(np.float32)
+    sp = SamplingParams(temperature=1.0, seed=5)
+    a, b = TokenChooser(sp), TokenChooser(sp)
+    assert [a(x, pos) for pos in range(50)] == [b(x, pos) for pos in reversed(range(50))][::-1]
+    assert len({a(x, pos) for pos in range(50)}) > 10
+    assert TokenChooser(SamplingParams(temperature=1.0, seed=6))(x, 0) != a(x, 0) or \
+        TokenChooser(SamplingParams(temperature=1.0, seed=6))(x, 1) != a(x, 1)
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),

@@ -14,7 +14,7 @@ import pytest
 from tfm_local.engine import Engine
 from tfm_local.llama.model import gpu_available
 from tfm_local.lossless import classify
-from tfm_local.decode.sampling import SamplingParams, target_probs
+from tfm_local.decode.sampling import SamplingParams, draw_key, gumbel_noise, kept_set
 from tfm_local.decode.verify import Target
 
 from tfm_local.testing.synth import write_tiny_target
@@ -103,26 +103,30 @@ def assert_greedy_same_or_near_tie(target_path, prompt_ids, out, ref):
 
 
 def assert_same_or_near_tie(target_path, prompt_ids, out, ref, sp, tol=3e-3):
-    """``out == ref``, or they part where plain decoding's sample was a numerical near-tie.
+    """``out == ref``, or they part where plain decoding's draw was a numerical near-tie.
 
-    Sampling inverts the CDF in token-id order with one uniform number per
-    emitted token, so logits that differ by rounding (another batch shape)
-    can move a CDF boundary across the uniform. At the first difference both
-    tokens must lie within ``tol`` of the uniform on the reference CDF.
+    A draw is the Gumbel-max of the kept tokens' ``(x - max) / T + noise`` with noise keyed by (seed,
+    position, id), so logits that differ by rounding (another batch shape) can swap two scores that
+    nearly tie. At the first difference both tokens' scores on the reference row must lie within
+    ``tol`` of the best.
     """
     if out == ref:
         return
     i = next(k for k, (a, b) in enumerate(zip(out, ref)) if a != b)
     r = Target(target_path, n_ctx=512, n_batch=64)
     try:
-        cdf = np.cumsum(target_probs(np.array(r.prefill(prompt_ids + ref[:i])), sp))
+        x = np.array(r.prefill(prompt_ids + ref[:i]))
     finally:
         r.close()
-    rng = np.random.default_rng(sp.seed)
-    u = [rng.random() for _ in range(i + 1)][i] * cdf[-1]
-    lo = np.concatenate([[0.0], cdf[:-1]])
-    near = set(np.flatnonzero((lo - tol <= u) & (u < cdf + tol)).tolist())
-    assert {out[i], ref[i]} <= near, f"token {i}: {out[i]} != {ref[i]} and not a near-tie (u={u:.5f})"
+    keep = kept_set(x, sp)
+    score = np.full(x.shape[0], -np.inf)
+    ids = np.flatnonzero(keep)
+    score[ids] = (x[ids].astype(np.float64) - x[ids].max()) / sp.temperature + gumbel_noise(
+        draw_key(sp.seed, len(prompt_ids) + i), ids)
+    best = score.max()
+    assert best - score[out[i]] <= tol and best - score[ref[i]] <= tol, (
+        f"token {i}: {out[i]} != {ref[i]} and not a near-tie (scores {best - score[out[i]]:.4g}, "
+        f"{best - score[ref[i]]:.4g} below the best)")
 
 
 @pytest.mark.parametrize("shape", ["chain", "star", "bushy"])

@@ -1,4 +1,5 @@
-// tfm-local: C forwarders over llama-ext.h, and a backend top-k sampler (see tfm-ext.h).
+// tfm-local: C forwarders over llama-ext.h, a backend top-k sampler and a backend token sampler
+// (see tfm-ext.h).
 // The op test/bench harness (tfm_test_op, tfm_bench_op) is in tfm-op-harness.cpp.
 #include "tfm-ext.h"
 #include "llama-context.h"
@@ -23,7 +24,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 10;
+    return 11;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -360,7 +361,7 @@ size_t row_index(const ggml_tensor * row, const ggml_tensor * src) {
 }
 
 // The logits matrix data->logits is a row view of, or nullptr when it is not one.
-const ggml_tensor * topk_row_source(const llama_sampler_data * data) {
+const ggml_tensor * row_source(const llama_sampler_data * data) {
     const ggml_tensor * row = data->logits;
     const ggml_tensor * src = row->view_src;
     const bool ok = src != nullptr && data->candidates == nullptr && src->type == GGML_TYPE_F32 &&
@@ -370,7 +371,7 @@ const ggml_tensor * topk_row_source(const llama_sampler_data * data) {
 }
 
 void topk_build(ggml_context * ctx, topk_config & cfg, llama_sampler_data * data) {
-    const ggml_tensor * src = topk_row_source(data);
+    const ggml_tensor * src = row_source(data);
     if (src == nullptr) {
         topk_build_row(ctx, cfg, data);
         return;
@@ -503,28 +504,58 @@ llama_sampler * topk_new(int32_t k, int64_t n_vocab) {
     return llama_sampler_init(&topk_iface, new topk_config{k, n_vocab, false, nullptr, nullptr, nullptr});
 }
 
-// The sampler chain attached to each context by tfm_topk_attach (llama.cpp keeps a raw pointer).
-std::mutex                                 topk_mutex;
-std::map<const llama_context *, llama_sampler *> topk_chains;
+// The sampler chain attached to sequence 0 of each context by tfm_topk_attach or tfm_sample_attach
+// (llama.cpp keeps a raw pointer), and which of the two it is.
+enum attached_kind { ATTACHED_TOPK, ATTACHED_SAMPLE };
+struct attached_chain {
+    llama_sampler * chain;
+    attached_kind   kind;
+};
+std::mutex                                        attached_mutex;
+std::map<const llama_context *, attached_chain>   attached_chains;
 
-// Detach and free ctx's chain, if any; the caller holds topk_mutex.
-void topk_detach(llama_context * ctx) {
-    auto it = topk_chains.find(ctx);
-    if (it == topk_chains.end()) {
+// Detach and free ctx's chain, if any; the caller holds attached_mutex.
+void chain_detach(llama_context * ctx) {
+    auto it = attached_chains.find(ctx);
+    if (it == attached_chains.end()) {
         return;
     }
     llama_set_sampler(ctx, 0, nullptr);
-    llama_sampler_free(it->second);
-    topk_chains.erase(it);
+    llama_sampler_free(it->second.chain);
+    attached_chains.erase(it);
 }
 
-// k of ctx's attached sampler, 0 when none; the caller holds topk_mutex.
-int32_t topk_attached_k(const llama_context * ctx) {
-    auto it = topk_chains.find(ctx);
-    if (it == topk_chains.end()) {
-        return 0;
+// The first sampler of ctx's chain when it is of this kind, else nullptr; the caller holds attached_mutex.
+llama_sampler * attached_sampler(const llama_context * ctx, attached_kind kind) {
+    auto it = attached_chains.find(ctx);
+    if (it == attached_chains.end() || it->second.kind != kind) {
+        return nullptr;
     }
-    return ((const topk_config *) llama_sampler_chain_get(it->second, 0)->ctx)->k;
+    return llama_sampler_chain_get(it->second.chain, 0);
+}
+
+// k of ctx's attached top-k sampler, 0 when none; the caller holds attached_mutex.
+int32_t topk_attached_k(const llama_context * ctx) {
+    const llama_sampler * smpl = attached_sampler(ctx, ATTACHED_TOPK);
+    return smpl == nullptr ? 0 : ((const topk_config *) smpl->ctx)->k;
+}
+
+// Attach smpl (in a new chain) on sequence 0 for batches of up to n_rows output rows; false (nothing
+// attached, smpl freed) when the backend cannot run it (on_backend: backend_init's verdict).
+bool chain_attach(llama_context * ctx, llama_sampler * smpl, const bool & on_backend, attached_kind kind, int32_t n_rows) {
+    ctx->set_n_outputs_max_per_seq((uint32_t) n_rows);
+    auto params = llama_sampler_chain_default_params();
+    params.no_perf = true;
+    llama_sampler * chain = llama_sampler_chain_init(params);
+    llama_sampler_chain_add(chain, smpl);
+    // set_sampler runs backend_init (the support probe) but accepts the chain either way
+    if (!llama_set_sampler(ctx, 0, chain) || !on_backend) {
+        llama_set_sampler(ctx, 0, nullptr);
+        llama_sampler_free(chain);
+        return false;
+    }
+    attached_chains[ctx] = { chain, kind };
+    return true;
 }
 
 } // namespace
@@ -534,30 +565,18 @@ int32_t tfm_topk_attach(llama_context * ctx, int32_t k, int32_t n_rows) {
     if (k < 0 || k > n_vocab || n_rows < 1) {
         return -1;
     }
-    std::lock_guard<std::mutex> lock(topk_mutex);
-    topk_detach(ctx);
+    std::lock_guard<std::mutex> lock(attached_mutex);
+    chain_detach(ctx);
     if (k == 0) {
         return 0;
     }
-    ctx->set_n_outputs_max_per_seq((uint32_t) n_rows);
-    auto params = llama_sampler_chain_default_params();
-    params.no_perf = true;
-    llama_sampler * chain = llama_sampler_chain_init(params);
-    llama_sampler * smpl  = topk_new(k, n_vocab);
-    llama_sampler_chain_add(chain, smpl);
-    // set_sampler runs backend_init (our support probe) but accepts the chain either way
-    if (!llama_set_sampler(ctx, 0, chain) || !((const topk_config *) smpl->ctx)->on_backend) {
-        llama_set_sampler(ctx, 0, nullptr);
-        llama_sampler_free(chain);
-        return 0;
-    }
-    topk_chains[ctx] = chain;
-    return 1;
+    llama_sampler * smpl = topk_new(k, n_vocab);
+    return chain_attach(ctx, smpl, ((const topk_config *) smpl->ctx)->on_backend, ATTACHED_TOPK, n_rows) ? 1 : 0;
 }
 
 int32_t tfm_topk_get(llama_context * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids, float * logp) {
     {
-        std::lock_guard<std::mutex> lock(topk_mutex);
+        std::lock_guard<std::mutex> lock(attached_mutex);
         if (k < 1 || topk_attached_k(ctx) != k || i0 < 0 || n < 0) {
             return -1;
         }
@@ -586,4 +605,205 @@ int32_t tfm_topk_get(llama_context * ctx, int32_t i0, int32_t n, int32_t k, int3
         }
     }
     return k;
+}
+
+// -- backend token sampler ----------------------------------------------------------------
+//
+// A llama_sampler whose backend interface adds ggml_sample_tokens (patch 0011) over the whole logits
+// matrix of the batch: one token id per output row, drawn with a key per row derived from the seed
+// and the position the token is drawn for (tfm_sample_set_positions before each decode). The rows'
+// own sampler outputs stay empty, so llama.cpp copies nothing; tfm_sample_get reads the result
+// tensor, two ints per row, in one copy.
+
+namespace {
+
+struct sample_config {
+    float    temp;
+    int32_t  top_k;
+    float    top_p;
+    float    min_p;
+    uint64_t seed;
+    int64_t  n_vocab;
+    bool     on_backend = false;
+    std::vector<int64_t> positions; // per output row of the next batch
+    // the graph being built (cleared by backend_reset; kept while llama.cpp reuses the graph)
+    const ggml_tensor * rows_src = nullptr; // [n_vocab, R] f32
+    ggml_tensor *       keys     = nullptr; // [2, R] i32 input
+    ggml_tensor *       out      = nullptr; // [2, R] i32 (id, kept-set size)
+};
+
+uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void sample_build(ggml_context * ctx, ggml_cgraph * gf, sample_config & cfg, llama_sampler_data * data) {
+    const ggml_tensor * src = row_source(data);
+    if (src == nullptr) { // not a row of a logits matrix: a matrix of this one row
+        src = ggml_reshape_2d(ctx, data->logits, ggml_nelements(data->logits), 1);
+    }
+    if (cfg.rows_src != src) {
+        cfg.rows_src = src;
+        cfg.keys     = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, src->ne[1]);
+        ggml_set_name(cfg.keys, "tfm_sample_keys");
+        ggml_set_input(cfg.keys);
+        cfg.out = ggml_sample_tokens(ctx, const_cast<ggml_tensor *>(src), cfg.keys, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p);
+        ggml_set_name(cfg.out, "tfm_sample_out");
+        ggml_set_output(cfg.out);
+        if (gf != nullptr) {
+            ggml_build_forward_expand(gf, cfg.out);
+        }
+    }
+    // nothing per row for llama.cpp to copy (neither these logits nor the raw ones)
+    data->logits     = nullptr;
+    data->probs      = nullptr;
+    data->sampled    = nullptr;
+    data->candidates = nullptr;
+}
+
+bool sample_supported(const sample_config & cfg, ggml_backend_buffer_type_t buft) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    if (dev == nullptr) {
+        return true; // plain host memory: the CPU backend runs the op
+    }
+    ggml_init_params params = {
+        /*.mem_size   =*/ 8 * ggml_tensor_overhead(),
+        /*.mem_buffer =*/ nullptr,
+        /*.no_alloc   =*/ true,
+    };
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return false;
+    }
+    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
+    ggml_tensor * keys   = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 2);
+    ggml_tensor * out    = ggml_sample_tokens(ctx, logits, keys, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p);
+    const bool ok = ggml_backend_dev_supports_op(dev, out);
+    ggml_free(ctx);
+    return ok;
+}
+
+const char * sample_name(const llama_sampler * /*smpl*/) {
+    return "tfm-sample";
+}
+
+// Host form (llama_sampler_apply, unused by tfm-local): leave the candidates as they are.
+void sample_apply(llama_sampler * /*smpl*/, llama_token_data_array * /*cur_p*/) {
+}
+
+llama_sampler * sample_new(const sample_config & cfg);
+
+llama_sampler * sample_clone(const llama_sampler * smpl) {
+    return sample_new(*(const sample_config *) smpl->ctx);
+}
+
+void sample_free(llama_sampler * smpl) {
+    delete (sample_config *) smpl->ctx;
+}
+
+bool sample_backend_init(llama_sampler * smpl, ggml_backend_buffer_type_t buft, uint32_t /*n_outputs_max_per_seq*/) {
+    auto * cfg = (sample_config *) smpl->ctx;
+    cfg->on_backend = sample_supported(*cfg, buft);
+    return cfg->on_backend;
+}
+
+void sample_backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph * gf, llama_sampler_data * data) {
+    sample_build(ctx, gf, *(sample_config *) smpl->ctx, data);
+}
+
+void sample_backend_set_input(llama_sampler * smpl) {
+    auto * cfg = (sample_config *) smpl->ctx;
+    if (cfg->keys == nullptr) {
+        return;
+    }
+    const int64_t R = cfg->keys->ne[1];
+    std::vector<int32_t> buf((size_t) (2 * R), 0);
+    for (int64_t r = 0; r < R && r < (int64_t) cfg->positions.size(); ++r) {
+        const uint64_t key = tfm_sample_key(cfg->seed, cfg->positions[r]);
+        buf[2 * r]     = (int32_t) (uint32_t) key;
+        buf[2 * r + 1] = (int32_t) (uint32_t) (key >> 32);
+    }
+    ggml_backend_tensor_set(cfg->keys, buf.data(), 0, buf.size() * sizeof(int32_t));
+}
+
+void sample_backend_reset(llama_sampler * smpl) {
+    auto * cfg = (sample_config *) smpl->ctx;
+    cfg->rows_src = nullptr;
+    cfg->keys     = nullptr;
+    cfg->out      = nullptr;
+}
+
+llama_sampler_i sample_iface = {
+    /* .name              = */ sample_name,
+    /* .accept            = */ nullptr,
+    /* .apply             = */ sample_apply,
+    /* .reset             = */ nullptr,
+    /* .clone             = */ sample_clone,
+    /* .free              = */ sample_free,
+    /* .backend_init      = */ sample_backend_init,
+    /* .backend_accept    = */ nullptr,
+    /* .backend_apply     = */ sample_backend_apply,
+    /* .backend_set_input = */ sample_backend_set_input,
+    /* .backend_reset     = */ sample_backend_reset,
+    /* .copy_state        = */ nullptr,
+};
+
+llama_sampler * sample_new(const sample_config & cfg) {
+    auto * c = new sample_config{cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p, cfg.seed, cfg.n_vocab};
+    return llama_sampler_init(&sample_iface, c);
+}
+
+} // namespace
+
+uint64_t tfm_sample_key(uint64_t seed, int64_t pos) {
+    return mix64(seed ^ mix64((uint64_t) pos + 0x9E3779B97F4A7C15ull));
+}
+
+int32_t tfm_sample_attach(llama_context * ctx, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
+                          int32_t n_rows) {
+    if (ctx == nullptr || !(temp > 0.0f) || !std::isfinite(temp) || std::isnan(top_p) || std::isnan(min_p) || n_rows < 1) {
+        return -1;
+    }
+    const int64_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    std::lock_guard<std::mutex> lock(attached_mutex);
+    chain_detach(ctx);
+    llama_sampler * smpl = sample_new(sample_config{temp, top_k, top_p, min_p, seed, n_vocab});
+    return chain_attach(ctx, smpl, ((const sample_config *) smpl->ctx)->on_backend, ATTACHED_SAMPLE, n_rows) ? 1 : 0;
+}
+
+int32_t tfm_sample_set_positions(llama_context * ctx, const int64_t * pos, int32_t n) {
+    std::lock_guard<std::mutex> lock(attached_mutex);
+    llama_sampler * smpl = attached_sampler(ctx, ATTACHED_SAMPLE);
+    if (smpl == nullptr || n < 0 || (n > 0 && pos == nullptr)) {
+        return -1;
+    }
+    auto * cfg = (sample_config *) smpl->ctx;
+    cfg->positions.assign(pos, pos + n);
+    return n;
+}
+
+int32_t tfm_sample_get(llama_context * ctx, int32_t i0, int32_t n, int32_t * ids, int32_t * n_kept) {
+    ggml_tensor * out = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(attached_mutex);
+        llama_sampler * smpl = attached_sampler(ctx, ATTACHED_SAMPLE);
+        if (smpl == nullptr || i0 < 0 || n < 0 || ids == nullptr) {
+            return -1;
+        }
+        out = ((const sample_config *) smpl->ctx)->out;
+    }
+    if (out == nullptr || out->buffer == nullptr || (int64_t) i0 + n > out->ne[1]) {
+        return -1;
+    }
+    llama_synchronize(ctx);
+    std::vector<int32_t> buf((size_t) (2 * (i0 + n)));
+    ggml_backend_tensor_get(out, buf.data(), 0, buf.size() * sizeof(int32_t));
+    for (int32_t r = 0; r < n; ++r) {
+        ids[r] = buf[2 * (i0 + r)];
+        if (n_kept != nullptr) {
+            n_kept[r] = buf[2 * (i0 + r) + 1];
+        }
+    }
+    return n;
 }

@@ -89,6 +89,35 @@ LLAMA_API int32_t tfm_topk_attach(struct llama_context * ctx, int32_t k, int32_t
 LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n, int32_t k,
                                int32_t * ids, float * logp);
 
+// Backend token sampling (API version 11; the op of patch 0011): attaches to sequence 0 of ctx a
+// sampler that computes, inside the ggml graph, one token per output row drawn from the row's
+// processed distribution (ggml_sample_tokens: top-k, top-p, min-p, then temperature temp > 0; top_k
+// <= 0, top_p >= 1, min_p <= 0 switch a filter off) with Gumbel noise keyed by
+// tfm_sample_key(seed, position) per row and the token id. Only two ints per row reach the host
+// (tfm_sample_get); the raw logits of sequence 0 are no longer copied. A batch may have at most
+// n_rows output rows. Replaces whatever tfm_topk_attach or tfm_sample_attach attached
+// (tfm_topk_attach(ctx, 0, 1) detaches either). Returns 1 when attached, 0 when the backend cannot
+// run the op (nothing attached), -1 for bad arguments (temp not finite and > 0, NaN top_p / min_p,
+// n_rows < 1).
+LLAMA_API int32_t tfm_sample_attach(struct llama_context * ctx, float temp, int32_t top_k, float top_p,
+                                    float min_p, uint64_t seed, int32_t n_rows);
+
+// The positions the next batch's output rows draw their tokens for (row r's token is the one at
+// position pos[r]); rows beyond n get key 0. Kept until set again. Returns n, or -1 when no token
+// sampler is attached.
+LLAMA_API int32_t tfm_sample_set_positions(struct llama_context * ctx, const int64_t * pos, int32_t n);
+
+// After a batch decoded with the token sampler attached: the tokens of output rows i0 .. i0+n-1 (the
+// batch's outputs in order, not its token indices)
+// into ids, and (when n_kept is not NULL) the size of each row's kept set. Waits for the batch
+// (llama_synchronize). Returns n, or -1 when no token sampler is attached, nothing was decoded with
+// it, or the rows are out of range.
+LLAMA_API int32_t tfm_sample_get(struct llama_context * ctx, int32_t i0, int32_t n, int32_t * ids, int32_t * n_kept);
+
+// The 64-bit key of the draw for position pos under seed: splitmix64's output function of
+// seed XOR (that function of pos + 0x9E3779B97F4A7C15).
+LLAMA_API uint64_t tfm_sample_key(uint64_t seed, int64_t pos);
+
 // Graph reuse for a context that alternates batches without outputs and batches with outputs
 // (API version 10; patch 0010; meant for the DFlash drafter: KV injection, then the block pass).
 // llama.cpp keeps the last graph of each kind but reuses one only if it is the last graph its

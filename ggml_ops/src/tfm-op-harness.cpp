@@ -19,6 +19,9 @@
 
 namespace {
 
+// float parameters of the ops that take some (tfm_test_op_set_fparams)
+float test_op_fparams[4] = {1.0f, 1.0f, 0.0f, 0.0f};
+
 // the op's result tensor for the given sources (argument order as in tfm-op-harness.h), or nullptr
 ggml_tensor * test_op_build(ggml_context * ctx, int32_t op, const std::vector<ggml_tensor *> & s, int32_t iparam) {
     const size_t n = s.size();
@@ -40,6 +43,11 @@ ggml_tensor * test_op_build(ggml_context * ctx, int32_t op, const std::vector<gg
                 ? ggml_top_k(ctx, s[0], iparam) : nullptr;
         case TFM_OP_ARGMAX:
             return n == 1 && s[0]->type == GGML_TYPE_F32 && ggml_is_matrix(s[0]) ? ggml_argmax(ctx, s[0]) : nullptr;
+        case TFM_OP_SAMPLE_TOKENS:
+            return n == 2 && s[0]->type == GGML_TYPE_F32 && s[1]->type == GGML_TYPE_I32 && ggml_is_matrix(s[0]) &&
+                   s[1]->ne[0] == 2 && s[1]->ne[1] == s[0]->ne[1] && test_op_fparams[0] > 0.0f
+                ? ggml_sample_tokens(ctx, s[0], s[1], test_op_fparams[0], iparam, test_op_fparams[1], test_op_fparams[2])
+                : nullptr;
         default:
             return nullptr;
     }
@@ -149,6 +157,12 @@ int32_t op_graph_setup(op_graph & g, int32_t op, int32_t n_src, const void * con
 }
 
 } // namespace
+
+void tfm_test_op_set_fparams(const float * p, int32_t n) {
+    for (int32_t i = 0; i < n && i < 4; ++i) {
+        test_op_fparams[i] = p[i];
+    }
+}
 
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,

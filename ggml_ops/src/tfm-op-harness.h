@@ -26,6 +26,9 @@ extern "C" {
 //              TOP_K       x; iparam = k                    (ggml_top_k; the result is int32 ids,
 //                                                            copied bit for bit into out)
 //              ARGMAX      x (a matrix)                     (ggml_argmax; int32 ids, as TOP_K)
+//              SAMPLE_TOKENS logits, keys; iparam = top_k       (ggml_sample_tokens, patch 0011; temp, top_p
+//                                                            and min_p from tfm_test_op_set_fparams;
+//                                                            int32 (id, kept) pairs, as TOP_K)
 //   device : 0 = CPU backend (n_threads threads), 1 = the first GPU device
 //   out    : receives the result, out_n floats (must equal its element count); the result
 //            tensor is filled with NaN before the run, so elements the op leaves unwritten show.
@@ -40,7 +43,11 @@ enum {
     TFM_OP_CONV_COMMIT = 5,
     TFM_OP_TOP_K       = 6,
     TFM_OP_ARGMAX      = 7,
+    TFM_OP_SAMPLE_TOKENS = 8,
 };
+// The float parameters of the ops that take some, for the following tfm_test_op / tfm_bench_op
+// calls (API version 11): SAMPLE_TOKENS p = (temp, top_p, min_p); n <= 4 values are copied.
+LLAMA_API void tfm_test_op_set_fparams(const float * p, int32_t n);
 LLAMA_API int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                               const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
                               float * out, int64_t out_n);

@@ -6,7 +6,7 @@ then removed again (``llama_memory_seq_rm`` from ``n_prompt``, timed apart as
 ``remove``), so every pass sees the same cache. The variants (``VARIANTS``):
 
 - ``logits``: ``Target.verify`` — all n rows' logits copied to the host (today's chain verify);
-- ``argmax``: ``Target.verify(..., backend_argmax=True)`` — each row's top-1 computed in the graph
+- ``argmax``: ``Target.verify(..., backend_choice=True)`` — each row's top-1 computed in the graph
   (``attach_argmax``), one int per row to the host; skipped when the backend cannot run it;
 - ``logits+argmax_host``: ``Target.verify`` then ``np.argmax`` over all n rows (host greedy mode);
 - ``features``: ``Target.verify`` with the drafter's layer-input capture on
@@ -33,7 +33,7 @@ VARIANTS = ("logits", "argmax", "logits+argmax_host", "features", "last_row")
 #: the method in one paragraph, for a result file
 METHOD = ("each pass: n random token ids decoded at positions ctx .. ctx+n-1 after a prompt of ctx random ids, "
           "results read to the host, then removed (llama_memory_seq_rm, timed as remove); "
-          "logits = Target.verify (all n rows' logits), argmax = Target.verify(backend_argmax=True) (top-1 in the graph), "
+          "logits = Target.verify (all n rows' logits), argmax = Target.verify(backend_choice=True) (top-1 in the graph), "
           "logits+argmax_host = verify + np.argmax over all rows, features = verify with the drafter's "
           "layer inputs captured + Target.features of all rows, last_row = only the last row an output "
           "(submit = until the decode call returns; the rest is the wait for the backend); "
@@ -74,7 +74,7 @@ class PassBench:
         """Prepare ``variant`` for passes of up to ``n_max`` tokens; a reason string when it cannot run
         here (then it is skipped), else None. Raises ValueError for an unknown variant."""
         t = self.target
-        t.detach_argmax()
+        t.detach_choice()
         t.set_features([])
         if variant == "argmax":
             if not t.attach_argmax(n_max):
@@ -90,7 +90,7 @@ class PassBench:
 
     def teardown(self) -> None:
         """Back to plain logits: the backend argmax detached, feature capture off."""
-        self.target.detach_argmax()
+        self.target.detach_choice()
         self.target.set_features([])
 
     def _pass(self, variant: str) -> Callable[[list[int]], float | None]:
@@ -102,7 +102,7 @@ class PassBench:
             t.verify(tok)
 
         def argmax(tok):
-            t.verify(tok, backend_argmax=True)
+            t.verify(tok, backend_choice=True)
 
         def argmax_host(tok):
             np.argmax(t.verify(tok).logits, axis=1)

@@ -2,13 +2,17 @@
 
 The processed distribution follows llama.cpp's default sampler order
 (``common/sampling.cpp``): top-k, then top-p and min-p on the softmax of the
-raw logits, then temperature on the survivors. Sampling draws one uniform
-number per emitted token and inverts the CDF in token-id order, so a
-speculative run that visits the same positions consumes the same random
-stream as plain decoding (see accept.py).
+raw logits, then temperature on the survivors. A draw is a Gumbel-max whose
+noise is keyed by (seed, position, token id), so a token's draw does not depend
+on the order or number of rows it was verified with: plain and speculative
+decoding with one seed emit the same tokens wherever their logits agree.
+The engine draws in the target's graph (patch 0011, ``Target.attach_sampler``);
+``sample_row`` is the same draw on the host, for backends without the op and
+for the tests.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,49 +49,114 @@ class SamplingParams:
         return self.temperature == 0
 
 
+_PHI = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's output function on uint64 arrays (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def draw_key(seed: int, position: int) -> int:
+    """The 64-bit key of the draw for ``position`` under ``seed`` (as tfm-ext's ``tfm_sample_key``):
+    splitmix64's output function of ``seed`` XOR (that function of ``position`` + 0x9E3779B97F4A7C15)."""
+    with np.errstate(over="ignore"):
+        inner = _mix64(np.array([position], dtype=np.int64).astype(np.uint64) + _PHI)
+        return int(_mix64(np.array([seed], dtype=np.uint64) ^ inner)[0])
+
+
+def gumbel_noise(key: int, ids: np.ndarray) -> np.ndarray:
+    """The Gumbel noise of tokens ``ids`` under ``key``, float64 (patch 0011's ggml_sample_tokens):
+    ``-log(-log(u))``, ``u = ((h >> 12) + 0.5) * 2**-52``, ``h`` = splitmix64's output function of
+    ``key + (id + 1) * 0x9E3779B97F4A7C15``."""
+    with np.errstate(over="ignore"):
+        h = _mix64(np.uint64(key) + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _PHI)
+    u = ((h >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0 ** -52
+    return -np.log(-np.log(u))
+
+
+def kept_set(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+    """The tokens the filters keep for one logit row ``[n_vocab]``: bool ``[n_vocab]``.
+
+    llama.cpp's order (top-k, top-p, min-p; temperature does not change the set), as thresholds on the
+    logits so that tokens tied with a boundary token are kept (exactly ggml_sample_tokens of patch
+    0011): top-k keeps x >= the k-th largest; top-p, over the top-k survivors sorted by descending x,
+    the shortest prefix whose mass reaches ``top_p`` × their mass, and every x >= its last value;
+    min-p keeps e >= min_p with e = exp(x - max) in float32. NaN and -inf are never kept.
+    """
+    x = np.asarray(logits, dtype=np.float32)
+    fin = x > -np.inf
+    if not fin.any():
+        return fin
+    m = x[fin].max()
+    if m == np.inf:
+        return x == np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(fin, np.exp(x - m), np.float32(0)).astype(np.float32)
+    keep = fin.copy()
+    n_fin = int(fin.sum())
+    if 0 < sp.top_k < n_fin:
+        theta_k = np.partition(x[fin], -sp.top_k)[-sp.top_k]
+        keep &= x >= theta_k
+    if sp.top_p < 1.0:
+        ids = np.flatnonzero(keep)
+        order = ids[np.lexsort((ids, -x[ids]))]          # descending x, ties by ascending id
+        cum = np.cumsum(e[order].astype(np.float64))
+        j = min(int(np.searchsorted(cum, sp.top_p * cum[-1])), len(order) - 1)
+        keep &= x >= x[order[j]]
+    if sp.min_p > 0.0:
+        keep &= e >= np.float32(sp.min_p)
+    return keep
+
+
 def target_probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
-    """Processed distribution of one logit row ``[n_vocab]`` → float64 probabilities (sum 1)."""
-    x = logits.astype(np.float64)
-    keep = np.ones(x.shape[0], dtype=bool)
-    if sp.top_k and sp.top_k < x.shape[0]:
-        kth = np.partition(x, -sp.top_k)[-sp.top_k]
-        keep &= x >= kth
-    if sp.top_p < 1.0 or sp.min_p > 0.0:
-        p = np.exp(x - x[keep].max()) * keep
-        p /= p.sum()
-        if sp.min_p > 0.0:
-            keep &= p >= sp.min_p * p.max()
-        if sp.top_p < 1.0:
-            order = np.argsort(-p, kind="stable")
-            cum = np.cumsum(p[order])
-            n_keep = int(np.searchsorted(cum, sp.top_p) + 1)
-            nucleus = np.zeros_like(keep)
-            nucleus[order[:n_keep]] = True
-            keep &= nucleus
-    z = np.where(keep, x / sp.temperature, -np.inf)
-    q = np.exp(z - z.max())
+    """The processed distribution of one logit row ``[n_vocab]``: float64 probabilities (sum 1),
+    ``softmax((x - max) / temperature)`` over ``kept_set``. Greedy (temperature 0): one-hot argmax."""
+    x = np.asarray(logits, dtype=np.float64)
+    if sp.greedy:
+        p = np.zeros(x.shape[0])
+        p[int(np.argmax(logits))] = 1.0
+        return p
+    keep = kept_set(logits, sp)
+    z = np.where(keep, (x - x[keep].max()) / sp.temperature, -np.inf)
+    q = np.exp(z)
     return q / q.sum()
 
 
-def sample(probs: np.ndarray, u: float) -> int:
-    """Inverse-CDF draw in token-id order: the token whose CDF interval holds ``u`` ∈ [0, 1)."""
-    cdf = np.cumsum(probs)
-    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    return min(i, probs.shape[0] - 1)
+def sample_row(logits: np.ndarray, sp: SamplingParams, key: int) -> tuple[int, int]:
+    """One draw from one logit row ``[n_vocab]`` float32 with the 64-bit ``key`` → (token, kept-set size):
+    the kept token maximising ``(x - max) / temperature + gumbel_noise(key, id)`` in float64 (ties: the
+    lowest id), the host twin of patch 0011's ggml_sample_tokens. Gumbel-max draws exactly from
+    ``target_probs`` (Gumbel 1954; Maddison et al., NeurIPS 2014). (-1, 0) when no logit is finite."""
+    x = np.asarray(logits, dtype=np.float32)
+    keep = kept_set(x, sp)
+    ids = np.flatnonzero(keep)
+    if ids.size == 0:
+        return -1, 0
+    m = np.float64(x[x > -np.inf].max())
+    if m == np.inf:
+        score = gumbel_noise(key, ids)
+    else:
+        score = (x[ids].astype(np.float64) - m) / np.float64(np.float32(sp.temperature)) + gumbel_noise(key, ids)
+    return int(ids[int(np.argmax(score))]), int(ids.size)
 
 
 class TokenChooser:
-    """Chooses the target's token at a position: argmax (greedy) or a seeded sample.
+    """Chooses the target's token for a position: argmax (greedy) or a seeded draw.
 
-    One uniform number is drawn per call, so plain and speculative decoding
-    with the same seed read the same stream in the same order.
+    The draw for position ``pos`` uses the key ``draw_key(seed, pos)`` (``sample_row``), so plain and
+    speculative decoding with one seed draw the same token wherever their logits agree, whatever the
+    tree. ``seed``: ``sp.seed``, or a random 64-bit seed when it is None.
     """
 
     def __init__(self, sp: SamplingParams):
         self.sp = sp
-        self.rng = np.random.default_rng(sp.seed)
+        self.seed = int(sp.seed) % 2 ** 64 if sp.seed is not None else secrets.randbits(64)
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, position: int) -> int:
         if self.sp.greedy:
             return int(np.argmax(logits))
-        return sample(target_probs(logits, self.sp), float(self.rng.random()))
+        return sample_row(logits, self.sp, draw_key(self.seed, position))[0]

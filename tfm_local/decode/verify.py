@@ -4,7 +4,8 @@ The target's KV cache always holds the committed tokens at positions ``0 .. n_pa
 emitted token is not yet in it (it is the root of the next verification). ``Target.verify`` decodes a
 tree of N nodes (node 0 the root, a chain is the chain-shaped tree) in one pass, node i at position
 ``n_past + depth[i]`` attending to the committed cache and its own ancestors, and returns the target's
-output per node (a ``Verdict``: logits rows on the host, or each node's argmax computed in the graph).
+output per node (a ``Verdict``: logits rows on the host, or each node's token chosen in the graph:
+the argmax, or a draw of the processed distribution keyed by the position it is drawn for).
 ``Target.commit`` keeps the accepted root-to-node path and frees the other nodes' cells. A chain on a
 target whose cache can be cut back by position is decoded as a plain causal batch and committed with
 ``seq_rm``; any other tree in our tree mode (patches: tree mask in the KV cache; Gated-DeltaNet tree ops
@@ -102,19 +103,22 @@ class Verdict:
     """The target's verification of a tree's N nodes, in node order (``Target.verify``).
 
     logits: the nodes' rows ``[N, n_vocab]`` float32 (``x[i]`` node i's row; views valid until the next
-        decode), or None when the backend argmax was read. ids: int32 ``[N]``, each node's argmax computed
-        in the target's graph, or None when the logits were read.
+        decode), or None when the backend's choices were read. ids: int32 ``[N]``, each node's token chosen
+        in the target's graph (argmax or draw), or None when the logits were read. draw_pos: int64 ``[N]``,
+        the position each node's next token is drawn for (``n_past + depth + 1``).
     """
 
-    def __init__(self, logits=None, ids: np.ndarray | None = None):
-        self.logits, self.ids = logits, ids
+    def __init__(self, logits=None, ids: np.ndarray | None = None, draw_pos: np.ndarray | None = None):
+        self.logits, self.ids, self.draw_pos = logits, ids, draw_pos
 
-    def choice(self, node: int, choose: Callable[[np.ndarray], int]) -> int:
-        """The target's token after ``node``: its backend argmax, or ``choose`` (the host rule: argmax or a
-        sample of the processed distribution, sampling.TokenChooser) applied to its logits row."""
-        return int(self.ids[node]) if self.ids is not None else choose(self.logits[node])
+    def choice(self, node: int, choose: Callable[[np.ndarray, int], int]) -> int:
+        """The target's token after ``node``: the backend's choice, or ``choose(row, position)`` (the host
+        rule, sampling.TokenChooser: argmax, or the draw for that position) on its logits row."""
+        if self.ids is not None:
+            return int(self.ids[node])
+        return choose(self.logits[node], int(self.draw_pos[node]))
 
-    def chooser(self, choose: Callable[[np.ndarray], int]) -> Callable[[int], int]:
+    def chooser(self, choose: Callable[[np.ndarray, int], int]) -> Callable[[int], int]:
         """``choice`` as a function of the node (what the acceptance walk takes)."""
         return lambda node: self.choice(node, choose)
 
@@ -157,7 +161,10 @@ class Target:
         #: False for a recurrent (hybrid) target: a plainly decoded batch can then only be committed whole,
         #: and its chains are verified in tree mode so that a prefix of them can be committed.
         self.can_truncate = self.model.arch not in RECURRENT_ARCHS
-        self._sampler = native.TopKAttachment(self.ctx)  # backend top-1 for ``attach_argmax``
+        # the backend's choice per output row: the top-1 sampler (``attach_argmax``) or the token sampler
+        # (``attach_sampler``); at most one is attached (they share sequence 0)
+        self._argmax = native.TopKAttachment(self.ctx)
+        self._draw = native.SampleAttachment(self.ctx)
         # the last verified tree, until committed: node -> batch row, parents, decoded in tree mode
         self._row: np.ndarray = np.zeros(0, np.int64)
         self._parents: np.ndarray | None = None
@@ -204,20 +211,25 @@ class Target:
 
     def prefill(self, tokens: list[int], on_chunk=None) -> np.ndarray:
         """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits
-        ``[n_vocab]`` float32 (a view). Detaches the backend argmax first (``detach_argmax``).
+        ``[n_vocab]`` float32 (a view). Detaches the backend's chooser first (``detach_choice``).
 
         ``on_chunk(pos0, n)`` is called after each chunk, while its features are readable.
         """
-        self.detach_argmax()
+        self.detach_choice()
         self._prefill(tokens, on_chunk)
         return self.ctx.logits(1)[0]
 
-    def prefill_argmax(self, tokens: list[int], on_chunk=None) -> int:
-        """``prefill`` on the backend top-1 sampler: returns the last row's argmax token id
-        (exact ties: see ``attach_argmax``). Raises RuntimeError unless ``attach_argmax`` succeeded."""
-        self._check_argmax(1)
+    def prefill_choice(self, tokens: list[int], on_chunk=None) -> int:
+        """``prefill`` with the backend's chooser (``attach_argmax`` or ``attach_sampler``): returns the
+        token chosen after the last prompt token (its argmax, or the draw for position ``len(tokens)``).
+        Raises RuntimeError when no backend chooser is attached."""
+        self._check_choice(1)
+        if self._draw.params is not None:
+            native.sample_set_positions(self.ctx.ptr, np.array([len(tokens)]))
         n = self._prefill(tokens, on_chunk)
-        return int(self._read_argmax(n - 1, 1)[0])
+        if self._draw.params is not None:
+            return int(native.sample_get(self.ctx.ptr, 0, 1)[0][0])  # the chunk's one output row
+        return int(self._read_choice(n - 1, 1)[0])
 
     def _prefill(self, tokens: list[int], on_chunk) -> int:
         """Decode the chunks (last row of each an output); returns the last chunk's length."""
@@ -233,7 +245,7 @@ class Target:
         self.n_past = len(tokens)
         return len(chunk)
 
-    def verify(self, tokens, parents=None, depth=None, *, backend_argmax: bool = False,
+    def verify(self, tokens, parents=None, depth=None, *, backend_choice: bool = False,
                on_submit: Callable[[], None] = _nothing) -> "Verdict":
         """Verify a draft tree of N nodes in one target pass; the target's output per node.
 
@@ -242,17 +254,18 @@ class Target:
             parents: int ``[N]`` in topological order (``-1 <= parents[i] < i``, ``parents[0] = -1``);
                 None = the chain ``[-1, 0, 1, ...]`` as a plain causal batch (see below).
             depth: int ``[N]``, each node's parent's + 1 (root 0); None = computed from ``parents``.
-            backend_argmax: read each node's argmax computed in the target's graph (``attach_argmax``
-                first) instead of its logits; otherwise the backend argmax is detached.
+            backend_choice: read each node's token chosen in the target's graph by the attached chooser
+                (``attach_argmax``: its argmax; ``attach_sampler``: its draw for position
+                ``n_past + depth + 1``) instead of its logits; otherwise the chooser is detached.
             on_submit: called once the decode call has returned, before the results are read (on a GPU
                 the pass may still be running then: the submit / verify time split).
         Returns:
             a ``Verdict`` in node order: ``logits`` ``[N, n_vocab]`` float32 rows (views valid until the
-            next decode) or ``ids`` int32 ``[N]``.
+            next decode) or ``ids`` int32 ``[N]``, and ``draw_pos``.
         Raises:
-            ValueError: a malformed tree, more nodes than one batch (or than the attached argmax rows);
-            ContextOverflowError: the tree runs past the context; RuntimeError: ``backend_argmax``
-            without an attached argmax.
+            ValueError: a malformed tree, more nodes than one batch (or than the chooser's rows);
+            ContextOverflowError: the tree runs past the context; RuntimeError: ``backend_choice``
+            without an attached chooser.
 
         Node i is decoded at ``n_past + depth[i]``. The nodes go to llama.cpp as a plain causal batch when
         ``parents`` is None, or when the tree is a chain and the target can cut its cache back by position
@@ -277,25 +290,29 @@ class Target:
             parents, depth = chain_parents, chain_parents + 1  # a chain is a well-formed tree: nothing to check
         else:
             parents, depth = _check_tree(par, depth, n)
-        if backend_argmax:
-            self._check_argmax(n)
+        if backend_choice:
+            self._check_choice(n)
         else:
-            self.detach_argmax()
+            self.detach_choice()
+        draw_pos = self.n_past + depth + 1
         if plain or chain and (self.can_truncate or n == 1):
             if self.n_past + n > self.n_ctx:
                 raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
+            if backend_choice and self._draw.params is not None:
+                native.sample_set_positions(self.ctx.ptr, draw_pos)
             self.ctx.decode_tokens(tokens.tolist(), self.n_past, "all")
             self._row, self._parents, self._tree_mode = np.arange(n), parents, False
         else:
-            self._decode_tree(tokens, depth, parents)
+            self._decode_tree(tokens, depth, parents, backend_choice and self._draw.params is not None)
         on_submit()
-        if backend_argmax:
-            return Verdict(ids=self._read_argmax(0, n)[self._row])
+        if backend_choice:
+            return Verdict(ids=self._read_choice(0, n)[self._row], draw_pos=draw_pos)
         logits = self.ctx.logits(n)
-        return Verdict(logits=logits if not self._tree_mode else NodeRows(logits, self._row))
+        return Verdict(logits=logits if not self._tree_mode else NodeRows(logits, self._row), draw_pos=draw_pos)
 
-    def _decode_tree(self, tokens, depth, parents) -> None:
-        """The tree-mode batch of ``verify`` (sets ``_row``: node -> batch row)."""
+    def _decode_tree(self, tokens, depth, parents, draws: bool = False) -> None:
+        """The tree-mode batch of ``verify`` (sets ``_row``: node -> batch row); ``draws``: give the
+        attached token sampler each row's draw position."""
         n = len(tokens)
         if self.n_past + int(depth.max()) + 1 > self.n_ctx:
             raise ContextOverflowError(f"context full ({self.n_ctx} tokens)")
@@ -305,6 +322,8 @@ class Target:
         row = np.empty(n, np.int64)
         row[order] = np.arange(n)                      # node -> batch row
         par = np.where(parents[order] < 0, -1, row[np.maximum(parents[order], 0)])
+        if draws:
+            native.sample_set_positions(self.ctx.ptr, self.n_past + np.asarray(depth)[order] + 1)
         native.tree_set(self.ctx.ptr, par)
         try:
             self.ctx.decode_tokens(np.asarray(tokens)[order], self.n_past, "all",
@@ -314,44 +333,80 @@ class Target:
             raise
         self._row, self._parents, self._tree_mode = row, parents, True
 
-    # -- backend argmax (greedy verification without logits on the host) ------------------
+    # -- the backend's choice (verification without logits on the host) ---------------------
+    @property
+    def choice_rows(self) -> int | None:
+        """Output rows per batch of the attached backend chooser (``attach_argmax`` / ``attach_sampler``);
+        0 = none attached (raw logits are copied to the host)."""
+        return self._argmax.n_rows or self._draw.n_rows
+
     @property
     def argmax_rows(self) -> int | None:
         """Output rows per batch of the attached backend top-1 sampler (``attach_argmax``); 0 = none
-        attached (raw logits are copied to the host), None = the backend cannot run it."""
-        return None if self._sampler.unsupported else self._sampler.n_rows
+        attached, None = the backend cannot run it."""
+        return None if self._argmax.unsupported else self._argmax.n_rows
 
     def attach_argmax(self, n_rows: int) -> bool:
         """Compute each output row's argmax in the ggml graph (``native.topk_attach`` with k = 1)
-        for batches of up to ``n_rows`` output rows, so that ``prefill_argmax`` and ``verify(backend_argmax=True)`` copy one int per
-        row instead of ``n_vocab`` floats.
+        for batches of up to ``n_rows`` output rows, so that ``prefill_choice`` and
+        ``verify(backend_choice=True)`` copy one int per row instead of ``n_vocab`` floats.
 
         Re-attaches (a scheduler reserve at the next decode) only when ``n_rows`` exceeds the
-        attached limit; a smaller request keeps it. Returns False when the backend cannot run the
-        sampler (remembered; read logits instead). Raises ValueError for ``n_rows`` outside
-        1..n_batch.
+        attached limit; a smaller request keeps it. Replaces an attached token sampler. Returns False
+        when the backend cannot run the sampler (remembered; read logits instead). Raises ValueError for
+        ``n_rows`` outside 1..n_batch.
 
         The graph takes an argmax (``ggml_argmax``) per row and nothing over the full row besides.
         Exactly tied logits: the CPU backend's argmax returns the highest id (ggml_vec_argmax_f32),
         np.argmax and CUDA's (patch 0007, vocabulary-long rows) the lowest. The engine uses one rule for plain and
         speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).
         """
+        self._check_rows(n_rows)
+        if self._draw.params is not None:
+            self._draw.forget()  # the top-k attach below replaces it
+            self._argmax.forget()
+        return self._argmax.ensure(1, n_rows)
+
+    def attach_sampler(self, sp, seed: int, n_rows: int) -> bool:
+        """Draw each output row's token in the ggml graph (patch 0011's ggml_sample_tokens through
+        ``native.sample_attach``) from the processed distribution of ``sp`` (a sampling.SamplingParams
+        with temperature > 0) with the keys ``sampling.draw_key(seed, position)``, for batches of up to
+        ``n_rows`` output rows: ``prefill_choice`` and ``verify(backend_choice=True)`` then copy one int
+        per row. The draw is ``sampling.sample_row`` computed in the graph. Replaces an attached argmax;
+        re-attaches only when the settings change or more rows are needed. Returns False when the
+        backend cannot run the op (remembered; sample on the host instead). Raises ValueError for
+        ``n_rows`` outside 1..n_batch or a greedy ``sp``.
+        """
+        if sp.greedy:
+            raise ValueError("attach_sampler needs a temperature > 0 (greedy decoding: attach_argmax)")
+        self._check_rows(n_rows)
+        if self._argmax.k:
+            self._argmax.forget()  # the sample attach below replaces it
+            self._draw.forget()
+        return self._draw.ensure((float(sp.temperature), int(sp.top_k), float(sp.top_p), float(sp.min_p),
+                                  int(seed) % 2 ** 64), n_rows)
+
+    def _check_rows(self, n_rows: int) -> None:
         if not 1 <= n_rows <= self.n_batch:
-            raise ValueError(f"argmax rows must be in 1..{self.n_batch} (the batch size), got {n_rows}")
-        return self._sampler.ensure(1, n_rows)
+            raise ValueError(f"backend choice rows must be in 1..{self.n_batch} (the batch size), got {n_rows}")
 
-    def detach_argmax(self) -> None:
-        """Detach the backend argmax (a no-op when none is attached): raw logits are copied again."""
-        self._sampler.detach()
+    def detach_choice(self) -> None:
+        """Detach the backend's chooser (a no-op when none is attached): raw logits are copied again."""
+        self._argmax.detach()
+        self._draw.detach()
 
-    def _check_argmax(self, n_rows: int) -> None:
-        if not self.argmax_rows:
-            raise RuntimeError("no backend argmax is attached: call attach_argmax first (or verify without backend_argmax)")
-        if n_rows > self.argmax_rows:
-            raise ValueError(f"a batch of {n_rows} output rows exceeds the backend argmax's limit of "
-                             f"{self.argmax_rows}: attach_argmax({n_rows}) first")
+    def _check_choice(self, n_rows: int) -> None:
+        if not self.choice_rows:
+            raise RuntimeError("no backend chooser is attached: call attach_argmax or attach_sampler first "
+                               "(or verify without backend_choice)")
+        if n_rows > self.choice_rows:
+            raise ValueError(f"a batch of {n_rows} output rows exceeds the backend chooser's limit of "
+                             f"{self.choice_rows}: attach it with {n_rows} rows first")
 
-    def _read_argmax(self, i0: int, n: int) -> np.ndarray:
+    def _read_choice(self, i0: int, n: int) -> np.ndarray:
+        """The backend's choices for batch rows ``i0 .. i0+n-1`` of a batch whose rows are all outputs."""
+        if self._draw.params is not None:
+            return native.sample_get(self.ctx.ptr, i0, n)[0]
         return native.topk_get(self.ctx.ptr, i0, n, 1)[0][:, 0]
 
     def rows(self, nodes) -> np.ndarray:
@@ -389,8 +444,8 @@ class Target:
         self._parents = None
 
     def close(self) -> None:
-        """Free the context and model (the backend argmax is detached first)."""
+        """Free the context and model (the backend chooser is detached first)."""
         if self.ctx.ptr:
-            self.detach_argmax()  # llama.cpp keeps a pointer to the sampler
+            self.detach_choice()  # llama.cpp keeps a pointer to the sampler
         self.ctx.close()
         self.model.close()

@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 10
+API_VERSION = 11
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -32,6 +32,12 @@ bool tfm_tree_commit(void * ctx, const int32_t * keep, uint32_t n_keep);
 int32_t tfm_topk_attach(void * ctx, int32_t k, int32_t n_rows);
 int32_t tfm_topk_get(void * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids, float * logp);
 bool tfm_context_keep_graphs(void * ctx, bool on);
+int32_t tfm_sample_attach(void * ctx, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
+                          int32_t n_rows);
+int32_t tfm_sample_set_positions(void * ctx, const int64_t * pos, int32_t n);
+int32_t tfm_sample_get(void * ctx, int32_t i0, int32_t n, int32_t * ids, int32_t * n_kept);
+uint64_t tfm_sample_key(uint64_t seed, int64_t pos);
+void tfm_test_op_set_fparams(const float * p, int32_t n);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
                     float * out, int64_t out_n);
@@ -217,6 +223,90 @@ class TopKAttachment:
             topk_attach(self.ctx.ptr, 0)
             self.k, self.n_rows = 0, 0
 
+    def forget(self) -> None:
+        """Record that the sampler is gone (another one was attached to the sequence in its place)."""
+        self.k, self.n_rows = 0, 0
+
+
+def sample_attach(ctx, temp: float, top_k: int, top_p: float, min_p: float, seed: int, n_rows: int) -> bool:
+    """Attach the backend token sampler (``tfm_sample_attach``, patch 0011's ``ggml_sample_tokens``) on
+    sequence 0 of ``ctx``, replacing an attached top-k sampler: every output row of a token batch (at
+    most ``n_rows``) yields one token drawn in the graph from its processed distribution (top-k, top-p,
+    min-p, then ``temp``; ``top_k`` 0, ``top_p`` 1, ``min_p`` 0 are off) with noise keyed by
+    ``sample_key(seed, position)``. Returns False when the backend cannot run the op (nothing attached).
+    Raises ValueError for ``temp`` not finite and > 0, NaN filters, ``seed`` outside 0..2**64-1 or
+    ``n_rows`` < 1. Detach with ``topk_attach(ctx, 0)``."""
+    if not 0 <= int(seed) < 2 ** 64:
+        raise ValueError(f"seed must be in 0..2**64-1, got {seed}")
+    ffi, h = lib()
+    rc = h.tfm_sample_attach(ffi.cast("void *", _ptr(ctx)), float(temp), int(top_k), float(top_p), float(min_p),
+                             int(seed), int(n_rows))
+    if rc < 0:
+        raise ValueError(f"backend sampling needs a finite temperature > 0, filters that are numbers and "
+                         f"n_rows >= 1; got temp={temp}, top_p={top_p}, min_p={min_p}, n_rows={n_rows}")
+    return rc > 0
+
+
+def sample_set_positions(ctx, positions: np.ndarray) -> None:
+    """The positions the next batch's output rows draw their tokens for (row r: ``positions[r]``, int
+    ``[n]``). Raises NativeError when no token sampler is attached."""
+    ffi, h = lib()
+    arr = np.ascontiguousarray(positions, dtype=np.int64)
+    if h.tfm_sample_set_positions(ffi.cast("void *", _ptr(ctx)), ffi.from_buffer("int64_t[]", arr), arr.shape[0]) < 0:
+        raise NativeError("no backend token sampler is attached")
+
+
+def sample_get(ctx, i0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of the last batch's output rows ``i0 .. i0+n-1`` (the batch's outputs in order, not its token
+    indices) drawn by the backend token sampler: ids
+    int32 ``[n]`` and kept-set sizes int32 ``[n]`` (waits for the batch). Raises NativeError when no
+    token sampler is attached, nothing was decoded with it or the rows are out of range."""
+    ffi, h = lib()
+    ids = np.empty(n, dtype=np.int32)
+    kept = np.empty(n, dtype=np.int32)
+    got = h.tfm_sample_get(ffi.cast("void *", _ptr(ctx)), int(i0), int(n), ffi.from_buffer("int32_t[]", ids),
+                           ffi.from_buffer("int32_t[]", kept))
+    if got != n:
+        raise NativeError(f"no backend sample for rows {i0}..{i0 + n - 1} (got {got})")
+    return ids, kept
+
+
+def sample_key(seed: int, position: int) -> int:
+    """The 64-bit key of the draw at ``position`` under ``seed`` (``tfm_sample_key``)."""
+    _, h = lib()
+    return int(h.tfm_sample_key(int(seed), int(position)))
+
+
+class SampleAttachment:
+    """The backend token sampler of one context (``sample_attach``), re-attached only when its settings
+    change or it needs more rows. ``params``: (temp, top_k, top_p, min_p, seed) attached, or None;
+    ``unsupported``: the backend refused it once (callers use their host path from then on)."""
+
+    def __init__(self, ctx):
+        self.ctx, self.params, self.n_rows, self.unsupported = ctx, None, 0, False
+
+    def ensure(self, params: tuple, n_rows: int) -> bool:
+        """Attach with ``params`` = (temp, top_k, top_p, min_p, seed) for at least ``n_rows`` rows."""
+        if self.unsupported:
+            return False
+        if self.params != params or self.n_rows < n_rows:
+            n_rows = max(n_rows, self.n_rows if self.params == params else 0)
+            if not sample_attach(self.ctx.ptr, *params, n_rows):
+                self.unsupported, self.params, self.n_rows = True, None, 0
+                return False
+            self.params, self.n_rows = params, n_rows
+        return True
+
+    def detach(self) -> None:
+        """Detach (a no-op when none is attached)."""
+        if self.params is not None:
+            topk_attach(self.ctx.ptr, 0)
+            self.params, self.n_rows = None, 0
+
+    def forget(self) -> None:
+        """Record that the sampler is gone (another one was attached to the sequence in its place)."""
+        self.params, self.n_rows = None, 0
+
 
 def keep_graphs(ctx, on: bool = True) -> bool:
     """Give the graphs of ``ctx``'s batches without outputs a scheduler of their own (``on``), or drop it.
@@ -257,7 +347,15 @@ def topk_get(ctx, i0: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # op ids of tfm_test_op (tfm-op-harness.h)
-TEST_OPS = {"gdn": 0, "gdn_tree": 1, "gdn_commit": 2, "conv": 3, "conv_tree": 4, "conv_commit": 5, "top_k": 6, "argmax": 7}
+TEST_OPS = {"gdn": 0, "gdn_tree": 1, "gdn_commit": 2, "conv": 3, "conv_tree": 4, "conv_commit": 5, "top_k": 6, "argmax": 7,
+            "sample_tokens": 8}
+
+
+def set_op_fparams(*params: float) -> None:
+    """The float parameters of the next ``run_op`` / ``bench_op`` calls of ops that take some
+    (``sample_tokens``: temp, top_p, min_p; its top_k is ``iparam``)."""
+    ffi, h = lib()
+    h.tfm_test_op_set_fparams(ffi.new("float[]", [float(p) for p in params]), len(params))
 
 
 class OpUnavailable(NativeError):
