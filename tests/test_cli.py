@@ -89,6 +89,30 @@ def test_bench_samples_with_one_seed_per_prompt(pair, tmp_path):
     assert greedy.returncode == 0
 
 
+def test_bench_runs_several_samplings_side_by_side(pair, tmp_path):
+    """--samplings: every mode under each setting, per prompt; speed-ups over plain with the same setting
+    and over plain greedy; sampled speculative runs equal plain's with the same setting."""
+    target, drafter = pair
+    out = tmp_path / "m.json"
+    r = run("tfm_local.bench.tfm_bench", "--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k",
+            "-n", "2", "--max-tokens", "10", "--modes", "plain,ddtree@4", "--samplings",
+            "greedy;t=0.7,top_p=0.95;t=1", "--seed", "3", "--no-plot", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "plain t0.7 p0.95" in r.stdout and "x greedy" in r.stdout
+    doc = json.loads(out.read_text())
+    assert [s["label"] for s in doc["samplings"]] == ["greedy", "t0.7 p0.95", "t1"]
+    rows = {(row["mode"], row["sampling"]): row for row in doc["summary"]}
+    assert len(rows) == 6 and rows[("plain", "greedy")]["vs_greedy"] == 1.0
+    assert rows[("ddtree@4", "t1")]["speedup"] > 0 and rows[("plain", "t1")]["speedup"] == 1.0
+    by = {(x["prompt_id"], x["mode"], x["sampling"]): x["output_ids"] for x in doc["runs"]}
+    for pid in {x["prompt_id"] for x in doc["runs"]}:
+        for s in ("t0.7 p0.95", "t1"):
+            assert by[(pid, "ddtree@4", s)] == by[(pid, "plain", s)]
+    bad = run("tfm_local.bench.tfm_bench", "--target", str(target), "--sets", "gsm8k", "--no-draft", "--modes",
+              "plain", "--samplings", "t=0.7,top_q=1", "--no-plot", "--json", str(tmp_path / "x.json"))
+    assert bad.returncode == 2 and "top_q" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_an_interrupted_bench_keeps_its_finished_sets(pair, tmp_path, monkeypatch):
     """After each prompt set but the last the JSON is written (atomically), marked incomplete: a run
     stopped in its second set keeps the first one's rows and runs."""
@@ -171,10 +195,11 @@ def test_bench_modes_table(bench_run):
     main, phases = r.stdout.split("\n\n")
     lines = main.splitlines()
     assert lines[0].split() == ["set", "mode", "budget", "prompts", "tokens", "tau", "tok/s", "speedup",
-                                "mismatches", "(not", "ties)"]
+                                "x", "greedy", "mismatches", "(not", "ties)"]
     rows = {ln.split()[1]: ln.split() for ln in lines[1:]}
     assert set(rows) == {"plain", "chain", "ddtree@4", "auto"}
-    assert rows["plain"][-2:] == ["1.00x", "-"] and rows["ddtree@4"][2] == "4" and rows["auto"][2] == "auto"
+    assert rows["plain"][-3:] == ["1.00x", "1.00x", "-"]
+    assert rows["ddtree@4"][2] == "4" and rows["auto"][2] == "auto"
     assert all(rows[m][-2:] == ["0", "(0)"] for m in ("chain", "ddtree@4", "auto"))
     plines = phases.splitlines()
     assert plines[0].split() == ["ms", "per", "step", "drafter", "tree", "submit", "verify", "accept", "other",

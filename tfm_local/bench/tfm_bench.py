@@ -11,6 +11,9 @@ not start at a numerical near-tie, i.e. bugs, and a warning names them.
 ``--temperature`` > 0 (with ``--top-k/--top-p/--min-p``) samples instead, every mode of a prompt
 with the same seed (``--seed``, default 0): plain and speculative decoding then emit the same tokens
 wherever their logits agree, so mismatches are still counted; the near-tie check is greedy-only.
+``--samplings "greedy;t=0.7,top_p=0.95;t=1"`` runs every mode under each setting, side by side per
+prompt; each row's speed-up is over plain decoding with the same setting, and "x greedy" over plain
+greedy decoding on the same set.
 Prints a table, writes JSON (per prompt and per set; also after each prompt set but the last, marked
 ``"complete": false``, so that an interrupted run keeps its finished sets) and plots τ and tokens/s
 against the budget B per prompt set (PNG); ``--plot-only`` redraws the plot
@@ -32,6 +35,58 @@ from ..cli.common import (add_engine_args, add_sampling_args, check_writable, en
 
 SHAPES = ("chain", "ddtree", "wide")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
+
+
+class Sampling(NamedTuple):
+    """One ``--samplings`` setting: its label (``greedy``, ``t0.7 p0.95``, ...) and SamplingParams."""
+
+    label: str
+    sp: object
+
+
+SAMPLING_KEYS = {"t": "temperature", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                 "min_p": "min_p"}
+
+
+def parse_samplings(text: str, seed: int) -> list[Sampling]:
+    """The ``;``-separated ``--samplings`` list: ``greedy`` or ``key=value,...`` with keys t (or
+    temperature), top_k, top_p, min_p; every setting gets ``seed``. Raises ValueError for an unknown key, a
+    bad value, a repeated or an empty list."""
+    from ..decode.sampling import SamplingParams
+
+    out = []
+    for item in (t.strip() for t in text.split(";")):
+        if not item:
+            continue
+        kw = {}
+        if item != "greedy":
+            for part in item.split(","):
+                key, eq, val = part.strip().partition("=")
+                if key not in SAMPLING_KEYS or not eq:
+                    raise ValueError(f"bad sampling {item!r}: use greedy or key=value pairs with keys "
+                                     f"t, top_k, top_p, min_p (e.g. t=0.7,top_p=0.95)")
+                try:
+                    kw[SAMPLING_KEYS[key]] = int(val) if key == "top_k" else float(val)
+                except ValueError:
+                    raise ValueError(f"bad value in sampling {item!r}: {part.strip()!r}") from None
+        sp = SamplingParams(**kw, seed=seed)
+        out.append(Sampling(sampling_label(sp), sp))
+    if not out:
+        raise ValueError("--samplings is empty")
+    labels = [s.label for s in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"sampling(s) given twice: {', '.join(dup)}")
+    return out
+
+
+def sampling_label(sp) -> str:
+    """``greedy``, or the temperature and the filters that are on (``t0.7 k40 p0.95 min0.05``)."""
+    if sp.greedy:
+        return "greedy"
+    parts = [f"t{sp.temperature:g}"] + ([f"k{sp.top_k}"] if sp.top_k else []) + (
+        [f"p{sp.top_p:g}"] if sp.top_p < 1 else []) + ([f"min{sp.min_p:g}"] if sp.min_p > 0 else [])
+    return " ".join(parts)
 
 
 class Mode(NamedTuple):
@@ -88,6 +143,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, auto (automatic budget "
                          "with the chain), ddtree@auto (default %(default)s)")
     add_sampling_args(ap)
+    ap.add_argument("--samplings", default=None, metavar="LIST",
+                    help='run every mode under each of these settings, side by side per prompt: ";"-separated, '
+                         'each "greedy" or key=value pairs (t, top_k, top_p, min_p), e.g. '
+                         '"greedy;t=0.7,top_p=0.95;t=1" (instead of --temperature/--top-k/--top-p/--min-p)')
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="untimed run of every mode on the first prompt first, this many tokens (default 16; 0 = none)")
     ap.add_argument("--json", default="bench.json", help="output JSON path (default bench.json)")
@@ -113,7 +172,8 @@ def run_one(engine, prompt, mode: Mode, max_tokens: int, sp=None) -> dict:
     d = engine.stats.to_dict()
     d.update(prompt_id=prompt.id, mode=mode.label, tree=mode.tree,
              budget="auto" if mode.budget == "auto" else engine.budget, budget_max=engine.budget,
-             sampled=not (sp or SamplingParams()).greedy, output_ids=out)
+             sampled=not (sp or SamplingParams()).greedy, sampling=sampling_label(sp or SamplingParams()),
+             output_ids=out)
     return d
 
 
@@ -125,9 +185,14 @@ def run_checked(engine, prompt, mode: Mode, max_tokens: int, sp=None) -> dict:
         fail(str(e))
 
 
+def run_key(r: dict) -> tuple:
+    """(set, prompt_id, sampling) of a run (sampling "greedy" for runs of older JSONs without it)."""
+    return r["set"], r["prompt_id"], r.get("sampling", "greedy")
+
+
 def plain_outputs(runs: list[dict]) -> dict:
-    """Plain decoding's output ids by (set, prompt_id)."""
-    return {(r["set"], r["prompt_id"]): r["output_ids"] for r in runs if r["mode"] == "plain"}
+    """Plain decoding's output ids by ``run_key``."""
+    return {run_key(r): r["output_ids"] for r in runs if r["mode"] == "plain"}
 
 
 def mark_mismatches(runs: list[dict]) -> None:
@@ -135,7 +200,7 @@ def mark_mismatches(runs: list[dict]) -> None:
     (None for plain itself and when plain did not run)."""
     plain = plain_outputs(runs)
     for r in runs:
-        ref = plain.get((r["set"], r["prompt_id"]))
+        ref = plain.get(run_key(r))
         r["matches_plain"] = None if r["mode"] == "plain" or ref is None else r["output_ids"] == ref
 
 
@@ -149,10 +214,9 @@ def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
 
     plain = plain_outputs(runs)
     for r in runs:
-        if r.get("matches_plain") is False and "divergence" not in r:
-            key = (r["set"], r["prompt_id"])
-            ids = engine.prompt_tokens(prompts[key].messages)
-            r["divergence"] = asdict(classify(engine.target, ids, plain[key], r["output_ids"]))
+        if r.get("matches_plain") is False and "divergence" not in r and not r.get("sampled"):
+            ids = engine.prompt_tokens(prompts[(r["set"], r["prompt_id"])].messages)
+            r["divergence"] = asdict(classify(engine.target, ids, plain[run_key(r)], r["output_ids"]))
 
 
 def phase_ms(rows: list[dict], steps: int) -> dict:
@@ -186,14 +250,15 @@ def aggregate(rows: list[dict]) -> dict:
                 if checked and not any(r.get("sampled") for r in rows) else None)
 
 
-def summarize(runs: list[dict], set_name: str, modes: list[Mode]) -> list[dict]:
-    """One summary row per mode of ``set_name``, in ``modes`` order."""
+def summarize(runs: list[dict], set_name: str, modes: list[Mode], samplings: list[str] = ("greedy",)) -> list[dict]:
+    """One summary row per sampling and mode of ``set_name``, in ``samplings`` then ``modes`` order."""
     rows = []
-    for m in modes:
-        rs = [r for r in runs if r["set"] == set_name and r["mode"] == m.label]
-        if rs:
-            rows.append(dict(set=set_name, mode=m.label, tree=m.tree, budget=rs[-1]["budget"],
-                             budget_max=rs[-1]["budget_max"], **aggregate(rs)))
+    for s in samplings:
+        for m in modes:
+            rs = [r for r in runs if r["set"] == set_name and r["mode"] == m.label and r.get("sampling", "greedy") == s]
+            if rs:
+                rows.append(dict(set=set_name, mode=m.label, sampling=s, tree=m.tree, budget=rs[-1]["budget"],
+                                 budget_max=rs[-1]["budget_max"], **aggregate(rs)))
     return rows
 
 
@@ -220,9 +285,17 @@ def main(argv=None) -> None:
 
     try:
         kw = sampling_kwargs(args)
-        sp = SamplingParams(**{**kw, "seed": 0 if kw["seed"] is None else kw["seed"]})
+        seed = 0 if kw["seed"] is None else kw["seed"]
+        if args.samplings is not None:
+            if (kw["temperature"], kw["top_k"], kw["top_p"], kw["min_p"]) != (0.0, 0, 1.0, 0.0):
+                fail("give either --samplings or --temperature/--top-k/--top-p/--min-p")
+            samplings = parse_samplings(args.samplings, seed)
+        else:
+            sp = SamplingParams(**{**kw, "seed": seed})
+            samplings = [Sampling(sampling_label(sp), sp)]
     except ValueError as e:
         fail(str(e))
+    sp = samplings[0].sp
     check_writable(args.json, "--json")
     png = plot_path(args)
     if png:
@@ -243,29 +316,30 @@ def main(argv=None) -> None:
     runs, table = [], []
     first = next((ps[0] for ps in sets.values() if ps), None)
     if first is not None and args.warmup_tokens:
-        for mode in modes:  # the first passes of each shape allocate buffers: untimed
-            run_checked(engine, first, mode, args.warmup_tokens, sp)
+        for s in samplings:  # the first passes of each shape (and sampler) allocate buffers: untimed
+            for mode in modes:
+                run_checked(engine, first, mode, args.warmup_tokens, s.sp)
     for k, (name, prompts) in enumerate(sets.items()):
         for i, p in enumerate(prompts):
-            runs += [dict(run_checked(engine, p, m, args.max_tokens, sp), set=name) for m in modes]
+            runs += [dict(run_checked(engine, p, m, args.max_tokens, s.sp), set=name) for s in samplings for m in modes]
             print(f"\r{name}: {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         mark_mismatches(runs)
-        if sp.greedy:  # the near-tie rule is about argmax picks
+        if any(s.sp.greedy for s in samplings):  # the near-tie rule is about argmax picks
             classify_mismatches(engine, runs, {(name, p.id): p for p in prompts})
-        table += summarize(runs, name, modes)
+        table += summarize(runs, name, modes, [s.label for s in samplings])
         if k + 1 < len(sets):  # sets still to run: keep the finished ones on disk
-            write_json(args, table, runs, engine, argv, sets_done=list(sets)[:k + 1], sp=sp)
+            write_json(args, table, runs, engine, argv, sets_done=list(sets)[:k + 1], samplings=samplings)
     print_table(table)
     bad = [f"{r['set']}/{r['prompt_id']} {r['mode']}" for r in runs
            if r.get("divergence") and not r["divergence"]["near_tie"]]
     if bad:
         print(f"warning: {len(bad)} output(s) differ from plain decoding without a near-tie: "
               + ", ".join(bad), file=sys.stderr)
-    write_json(args, table, runs, engine, argv, sp=sp)
+    write_json(args, table, runs, engine, argv, samplings=samplings)
     engine.close()
     if png:
-        draw_or_warn(table, png)
+        draw_or_warn([r for r in table if r.get("sampling", "greedy") == samplings[0].label], png)
 
 
 def replot(args) -> None:
@@ -289,25 +363,31 @@ def replot(args) -> None:
 
 
 def add_speedups(table: list[dict]) -> None:
-    """Set each row's ``speedup``: its tokens/s over plain decoding's on the same set, None without a plain row."""
-    base = {r["set"]: r["tokens_per_s"] for r in table if r["mode"] == "plain"}
+    """Set each row's ``speedup``: its tokens/s over plain decoding's on the same set with the same sampling,
+    and ``vs_greedy``: over plain greedy decoding's on the same set (None without such a plain row)."""
+    base = {(r["set"], r.get("sampling", "greedy")): r["tokens_per_s"] for r in table if r["mode"] == "plain"}
     for r in table:
-        r["speedup"] = r["tokens_per_s"] / base[r["set"]] if base.get(r["set"]) else None
+        b, g = base.get((r["set"], r.get("sampling", "greedy"))), base.get((r["set"], "greedy"))
+        r["speedup"] = r["tokens_per_s"] / b if b else None
+        r["vs_greedy"] = r["tokens_per_s"] / g if g else None
 
 
 def print_table(table: list[dict]) -> None:
     """Print the summary table (after ``add_speedups``, so the JSON gets them too);
     ``-`` for a speed-up without plain and for mismatches not checked."""
     add_speedups(table)
-    w = max([len("mode")] + [len(r["mode"]) for r in table])
+    for r in table:
+        r["label"] = r["mode"] if r.get("sampling", "greedy") == "greedy" else f"{r['mode']} {r['sampling']}"
+    w = max([len("mode")] + [len(r["label"]) for r in table])
     print(f"{'set':<10} {'mode':<{w}} {'budget':>6} {'prompts':>7} {'tokens':>7} {'tau':>6} {'tok/s':>7} "
-          f"{'speedup':>8} {'mismatches (not ties)':>21}")
+          f"{'speedup':>8} {'x greedy':>8} {'mismatches (not ties)':>21}")
     for r in table:
         sp = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        vg = "-" if r.get("vs_greedy") is None else f"{r['vs_greedy']:.2f}x"
         ties = "-" if r["not_near_ties"] is None else r["not_near_ties"]
         mm = "-" if r["mismatches"] is None else f"{r['mismatches']} ({ties})"
-        print(f"{r['set']:<10} {r['mode']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
-              f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {mm:>21}")
+        print(f"{r['set']:<10} {r['label']:<{w}} {r['budget']!s:>6} {r['n_prompts']:>7} {r['n_generated']:>7} "
+              f"{r['tau']:>6.2f} {r['tokens_per_s']:>7.1f} {sp:>8} {vg:>8} {mm:>21}")
     print_phases(table, w)
 
 
@@ -321,7 +401,7 @@ def print_phases(table: list[dict], w: int) -> None:
     print(f"\n{'ms per step':<{11 + w}} " + " ".join(f"{c:>8}" for c in cols) + f" {'total':>8}")
     for r in table:
         ms = r["ms_per_step"]
-        print(f"{r['set']:<10} {r['mode']:<{w}} " + " ".join(f"{ms.get(c, 0.0):>8.2f}" for c in cols)
+        print(f"{r['set']:<10} {r.get('label', r['mode']):<{w}} " + " ".join(f"{ms.get(c, 0.0):>8.2f}" for c in cols)
               + f" {sum(ms.values()):>8.2f}")
 
 
@@ -333,15 +413,17 @@ def machine_info(args, engine) -> dict:
                 gpu=bool(gpu_available() and not args.cpu))
 
 
-def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None, sp=None) -> None:
-    """Write the bench JSON atomically: command, date, machine, models, sampling (``sp``: None = greedy),
-    summary rows and per-prompt runs.
+def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None, samplings=()) -> None:
+    """Write the bench JSON atomically: command, date, machine, models, sampling (the first setting's
+    parameters, None = greedy), samplings (every setting: label and parameters), summary rows and
+    per-prompt runs.
     With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
     lists the finished sets, so that an interrupted run keeps them."""
     doc = dict(**run_record(argv), machine=machine_info(args, engine),
                target=str(engine.target.model.path), drafter=str(engine.drafter.model.path) if engine.drafter
                else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
-               sampling=None if sp is None or sp.greedy else dataclasses.asdict(sp),
+               sampling=None if not samplings or samplings[0].sp.greedy else dataclasses.asdict(samplings[0].sp),
+               samplings=[dict(label=s.label, **dataclasses.asdict(s.sp)) for s in samplings],
                complete=sets_done is None, summary=table, runs=runs, written=time.time())
     if sets_done is not None:
         doc["sets_done"] = sets_done
