@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The sampling session (sampling in the graph, the automatic budget, the 64-node divergences) on the
+# GPU machine, after lab/gpu/setup.sh, the CUDA build (cuda_build.sh, or .whl/cuda_build_trim.sh from
+# a trimmed sdist) and join.sh. Run from the call's checkout (its code, not ~/repo's), one stage per
+# call; a stage runs detached and logs to ~/st/sampling-<stage>.log, so a call that ends early loses
+# nothing: call the same stage again to wait for it and collect.
+#   usage: sampling.sh STAGE [WAIT_SECONDS]
+#   tests   the CUDA op's standalone check (st_test, when .xfer/cudatest is carried) and the sampling,
+#           argmax and step tests on the GPU
+#   bench   the bars: plain, auto, ddtree@auto, greedy and T = 0.7 / top-p 0.95, first 40 prompts of
+#           each set, 256 tokens (tfm-bench --samplings)
+#   t1      the same modes and ddtree@16 at T = 1 / top-p 1, and plain greedy for the ratio
+#   div     lab/gpu/divergence.py: DDTree@64/@128 against plain greedy, and the pass spread per size
+# Results (JSON and logs) are copied to $OUT at the end of each call.
+set -uo pipefail
+stage=${1:?stage}; wait_s=${2:-560}
+. ~/env.sh
+export PYTHONPATH=$HOME/llama:$HOME/site:$PWD
+ST=${ST:-$HOME/st}; O=${OUT:-/tmp/out}; mkdir -p "$ST" "$O"
+D=qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf
+[ -e tfm_local/assets/$D ] || cp ~/xfer/$D tfm_local/assets/$D   # not carried (size): from call 1
+T=~/w/model.gguf
+B="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot"
+
+case $stage in
+  tests) cmd="set -x
+    if [ -e .xfer/cudatest/st_test.cu ]; then
+      (cd .xfer/cudatest && nvcc -std=c++17 -O3 -use_fast_math -arch=sm_90 -DGGML_CUDA_SAMPLE_TOKENS_STANDALONE -I. st_test.cu -o /tmp/st_test && /tmp/st_test)
+    fi
+    python3 -m pytest -p no:cacheprovider -q -ra tests/test_sample_op.py tests/test_backend_sampling.py tests/test_greedy_argmax.py tests/test_step.py tests/test_sampling.py" ;;
+  bench) cmd="$B --modes plain,auto,ddtree@auto --samplings 'greedy;t=0.7,top_p=0.95' -n 40 --max-tokens 256 --json $ST/bench-sampling.json" ;;
+  t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
+  div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+if [ ! -e "$ST/sampling-$stage.pid" ]; then
+  echo "$cmd" > "$ST/sampling-$stage.cmd"
+  setsid nohup bash -c "$cmd; echo rc \$? > $ST/sampling-$stage.done" > "$ST/sampling-$stage.log" 2>&1 < /dev/null &
+  echo $! > "$ST/sampling-$stage.pid"
+fi
+end=$((SECONDS + wait_s))
+while [ ! -e "$ST/sampling-$stage.done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+cp "$ST"/sampling-$stage.* "$O"/ 2>/dev/null
+cp "$ST"/bench-*.json "$ST"/divergence.json "$O"/ 2>/dev/null
+[ -e "$ST/sampling-$stage.done" ] && cat "$ST/sampling-$stage.done" || echo "still running"
+tail -c 6000 "$ST/sampling-$stage.log"
