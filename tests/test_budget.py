@@ -213,6 +213,7 @@ def test_engine_auto_lossless_and_follows_the_cost_model(pair, tree):
             e.auto.costs = LinearCosts(0.004, 0.00002)  # GPU-like, and drafts that are always right
             fixed_draft_time(e.auto, 0.001)
             e.auto.accepted = e.auto.predicted = 0.0
+            e.auto._since_probe = e.auto._probe_every  # the probes are far apart now (their cost): one is due
             assert list(e.generate_ids(ids, 60, plain_sp())) == ref
         finally:
             e.drafter = real
@@ -254,3 +255,107 @@ def test_set_budget_auto_keeps_measurements_and_rejects_other_strings(pair):
             e.set_budget("fast")
     with Engine(target, None, n_ctx=128) as p:
         assert p.auto is None and p.budget == 0
+
+
+# -- plain stretches without capture, and probes spaced by their cost ----------------------
+
+WEAK = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
+
+
+def _weak_auto(**kw) -> AutoBudget:
+    """An AutoBudget past its first probe on CPU-like costs with a weak drafter: plain decoding wins."""
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06), **kw)
+    auto.observe_spec(5, 0.35, 0.03, WEAK, 4, 0)
+    return auto
+
+
+def test_a_plain_stretch_captures_only_its_last_window_steps():
+    """Capture is off through a plain stretch but for the ``window`` steps before the probe, whose rows
+    the drafter then has; a stretch no longer than the window keeps it on (no switch, no hole)."""
+    auto = _weak_auto(probe_min=20, window=4)
+    got = [(auto.choose(15), auto.capture) for _ in range(21)]
+    assert got[:20] == [(0, False)] * 16 + [(0, True)] * 4
+    assert got[20][0] > 0 and got[20][1] and auto.probing
+    short = _weak_auto(probe_min=8, window=32)
+    assert [(short.choose(15), short.capture) for _ in range(8)] == [(0, True)] * 8
+    # no warm-up for a probe that the generation cannot reach
+    cut = _weak_auto(probe_min=20, window=4)
+    assert [(cut.choose(15, remaining=20 - i), cut.capture)[1] for i in range(18)] == [False] * 18
+
+
+def test_speculation_that_starts_paying_mid_stretch_warms_the_drafter_up_first():
+    """A decision for speculation after steps without capture comes ``window`` capturing plain steps
+    later (the drafter would draft without the recent tokens otherwise); with the drafter in sync
+    (after a prefill that captured) it comes at once."""
+    auto = _weak_auto(probe_min=100, window=5)
+    for _ in range(10):
+        assert auto.choose(15) == 0 and not auto.capture
+    auto.costs = LinearCosts(0.004, 0.00002)  # GPU-like costs and a drafter that is right: speculation pays
+    auto.curve = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
+    auto.draft_s, auto.accepted, auto.predicted, auto._plain_kept = 0.001, 0.0, 0.0, 0
+    got = [(auto.choose(15), auto.capture) for _ in range(6)]
+    assert got[:5] == [(0, True)] * 5 and got[5][0] > 0 and got[5][1] and not auto.probing
+    assert auto.plan(64, 15)  # speculation pays: the next prefill captures
+    auto.begin(True)
+    assert auto.choose(15) > 0
+
+
+def test_plan_captures_the_prompt_only_when_the_generation_can_draft():
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06))
+    assert auto.plan(8, 15)  # nothing known yet: the first probe comes at once
+    auto = _weak_auto(probe_min=100)
+    assert not auto.plan(64, 15) and auto.plan(128, 15)
+    auto.begin(False)
+    assert not auto.capture and auto._covered == 0
+
+
+def _record(k: int, seconds: float, auto: AutoBudget, switched: bool, curve=WEAK):
+    from tfm_local.decode.step import StepRecord
+
+    rec = StepRecord(pos=0, budget=k, n_nodes=k + 1, tokens=[1], curve=curve if k else None,
+                     probe=k > 0 and auto.probing, capture=auto.capture, switched=switched)
+    rec.phases["verify"] = seconds
+    return rec
+
+
+def test_probes_are_spaced_by_their_measured_cost():
+    """Plain steps of 30 ms, a probe 90 ms (no token gained), a capturing step 1 ms more, a capture
+    switch 10 ms: the probe cycle's cost sets the gap between probes so that probing stays within
+    ``overhead`` (1%) of plain decoding, and probes still come (the doubling alone probed every 256
+    steps: 3% here)."""
+    auto = AutoBudget(costs=PassCosts())
+    total, probes, was = 0.0, 0, True
+    n = 30_000
+    for _ in range(n):
+        k = auto.choose(15)
+        switched, was = auto.capture != was, auto.capture
+        t = (0.09 if k else 0.03 + 0.001 * auto.capture) + 0.01 * switched
+        probes += k > 0
+        total += t
+        auto.observe(_record(k, t, auto, switched))
+    assert auto.probe_cost == pytest.approx(0.06 + 0.02 + 32 * 0.001, rel=0.05)
+    assert auto._probe_every >= auto.probe_cost / (0.01 * 0.03)
+    assert total / (n * 0.03) - 1 < 0.012
+    assert probes >= 20
+
+
+def test_probe_spacing_is_capped():
+    auto = AutoBudget(costs=PassCosts(), probe_cap=500)
+    auto.observe_plain(0.03)
+    auto.probe_cost = 10.0  # a probe as dear as 333 plain steps: the 1% floor would be 33,333
+    assert auto._spacing(8) == 500
+
+
+def test_a_warm_up_runs_its_course():
+    """A decision near the margin must not switch the capture on and off: once a warm-up has begun it
+    captures ``window`` steps, and only then is the choice made again."""
+    auto = _weak_auto(probe_min=100, window=5)
+    for _ in range(10):
+        auto.choose(15)
+    cpu, auto.costs = auto.costs, LinearCosts(0.004, 0.00002)
+    auto.curve = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
+    auto.draft_s, auto.accepted, auto.predicted, auto._plain_kept = 0.001, 0.0, 0.0, 0
+    assert (auto.choose(15), auto.capture) == (0, True)
+    auto.costs, auto.curve = cpu, WEAK  # plain wins again
+    assert [(auto.choose(15), auto.capture) for _ in range(4)] == [(0, True)] * 4
+    assert (auto.choose(15), auto.capture) == (0, False)

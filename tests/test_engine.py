@@ -266,3 +266,50 @@ def test_closed_engine_and_tiny_contexts(models):
     with pytest.raises(ValueError, match="n_ctx"):
         Engine(models["target"], None, n_ctx=8)
     assert isinstance(out, str)
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, monkeypatch, sp):
+    """The automatic budget with a drafter that never pays: the plain steps between probes neither
+    capture the target's layer inputs nor queue rows (their pass is plain decoding's), the ``window``
+    steps before each probe do, and the output stays plain decoding's across the holes this leaves in
+    the drafter's cache (sampled: same seed, same tokens on the CPU's kernels)."""
+    import tfm_local.engine as engine_module
+    from tfm_local.decode.budget import AutoBudget
+    from test_budget import LinearCosts
+
+    if sp.temperature > 0 and gpu_available():
+        pytest.skip("CUDA's batched and one-row kernels differ numerically (test_sampling_same_seed_same_output)")
+    seen = []
+    real_step = engine_module.run_step
+
+    def spy(tgt, dft, *args):
+        if dft is None:  # the plain engine's steps
+            return real_step(tgt, dft, *args)
+        queued = dft.pending
+        rec = real_step(tgt, dft, *args)
+        seen.append((rec, bool(tgt.feature_layers), dft.pending - queued))
+        return rec
+
+    monkeypatch.setattr(engine_module, "run_step", spy)
+    e = Engine(models["target"], models["drafter"], n_ctx=512)
+    try:
+        # CPU-like pass costs (the random drafter never pays), a probe every 20 plain steps, 4 warm-up steps
+        e.auto = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_min=20, probe_max=20, probe_cap=20, window=4)
+        for prompt in PROMPTS:
+            ref = run_ids(plain, prompt, 80, sp)
+            seen.clear()
+            assert run_ids(e, prompt, 80, sp) == ref
+            recs = [r for r, _, _ in seen]
+            dark = [(on, queued) for r, on, queued in seen if not r.capture]
+            assert len(dark) >= 30 and all(not on and queued == 0 for on, queued in dark)
+            assert all(on for r, on, _ in seen if r.capture)
+            probes = [i for i, r in enumerate(recs) if r.probe]
+            assert len(probes) >= 2
+            for i in probes[1:]:  # each later probe: 4 capturing plain steps first, their rows queued
+                assert [r.capture and not r.speculative for r in recs[i - 4:i]] == [True] * 4
+                assert [q for _, _, q in seen[i - 4:i]] == [1] * 4
+                assert recs[i - 5].capture is False and recs[i].t_sync > 0
+    finally:
+        e.close()

@@ -119,7 +119,7 @@ def test_plain_step_and_what_consumes_records(paths):
     spec = run_step(tgt, dft, DraftShape("ddtree", top_k=4), 15, auto, plain.tokens[0], 100, GREEDY, False)
     assert spec.speculative and spec.curve is not None  # the first auto step is a probe of one token
     auto.observe(spec)
-    assert auto.curve is not None and auto.draft_s == pytest.approx(spec.t_draft)
+    assert auto.curve is not None and auto.draft_s == pytest.approx(spec.t_draft - spec.t_sync)
     st = GenerationStats()
     for rec in (plain, spec):
         st.add_step(rec)
@@ -187,3 +187,36 @@ def test_generate_checks_max_tokens_when_called(paths):
         for n in (0, -1, 1.5, True):
             with pytest.raises(ValueError, match="max_tokens"):
                 e.generate("Hi", max_tokens=n, stream=True)
+
+
+def test_a_hole_in_the_drafter_cache_closes_up(paths):
+    """Rows that skip committed tokens (the automatic budget's plain stretch, no capture) sit right
+    after the earlier rows in the drafter's cache (llama.cpp needs consecutive positions): the
+    drafter then drafts as one given the same rows contiguously; a rewind keeps the bookkeeping."""
+    from test_drafter_topk import assert_rows_equal_or_close
+
+    tgt = Target(paths[0], n_ctx=128, n_batch=32, n_threads=1)
+    holed, ref = (DFlashDrafter(paths[1], tgt, n_threads=1) for _ in range(2))
+    tgt.prefill(PROMPT, lambda s, n: [d.inject(tgt.features(slice(0, n), n), s) for d in (holed, ref)])
+    p = len(PROMPT)
+    tgt.set_features([])  # three plain steps without capture
+    for tok in (5, 6, 7):
+        tgt.verify([tok])
+        tgt.commit([0])
+    tgt.set_features(holed.layers)  # two with capture, deferred
+    rows = []
+    for tok in (8, 9):
+        tgt.verify([tok])
+        tgt.commit([0])
+        rows.append(tgt.features(slice(0, 1), 1))
+        holed.defer(rows[-1], tgt.n_past - 1)
+    ref.inject(np.concatenate(rows), p)
+    got = np.array(holed.marginals(10, p + 5, 8))
+    assert holed.n_injected == p + 5 and holed.shift == 3 and holed.pending == 0
+    assert_rows_equal_or_close(got, np.array(ref.marginals(10, p + 2, 8)))
+    holed.inject(rows[1], p + 4)  # a rewind past the hole's rows
+    assert holed.n_injected == p + 5 and holed.shift == 3
+    holed.inject(rows[0], p + 1)  # a rewind into the hole: it shrinks
+    assert holed.n_injected == p + 2 and holed.shift == 0 and holed.ctx.pos_max() == p + 1
+    for d in (holed, ref, tgt):
+        d.close()

@@ -16,7 +16,7 @@ from .decode.budget import AutoBudget, PassCosts
 from .decode.draft import DFlashDrafter
 from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
-from .decode.step import TREE_SHAPES, DraftShape, run_step
+from .decode.step import TREE_SHAPES, DraftShape, run_step, set_capture
 from .decode.verify import Target
 from .llama.tokenizer import StreamDecoder, encode_chat
 from .stops import StopMatcher
@@ -251,9 +251,16 @@ class Engine:
         t0 = time.perf_counter()
         choose = TokenChooser(sp)
         tgt, dft = self.target, self.active_drafter
+        auto = self.auto if dft is not None else None
         if dft is not None:
             dft.reset()
-        on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft else None
+            # the prompt's features only when this generation may draft (AutoBudget.plan): the capture
+            # is off through a plain stretch, and a probe comes with its own warm-up
+            captured = auto.plan(max_tokens, self.budget) if auto is not None else True
+            set_capture(tgt, dft, captured)
+            if auto is not None:
+                auto.begin(captured)
+        on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft and tgt.feature_layers else None
         argmax = sp.greedy and self.backend_argmax and tgt.attach_argmax(self._max_rows())
         last = tgt.prefill_argmax(prompt_ids, on_chunk) if argmax else choose(tgt.prefill(prompt_ids, on_chunk))
         st.t_prefill = time.perf_counter() - t0
@@ -261,7 +268,6 @@ class Engine:
         st.t_total = time.perf_counter() - t0
         yield last
         shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width)
-        auto = self.auto if dft is not None else None
         while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
             rec = run_step(tgt, dft, shape, self.budget, auto, last, max_tokens - st.n_generated, choose, argmax)
             st.add_step(rec)

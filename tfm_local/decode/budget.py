@@ -29,6 +29,23 @@ only the one-token cost changes, so a "plain" choice is re-evaluated every
 ``recheck`` steps rather than on each (it cost ~0.1 ms a step in Python, 5%
 of a plain step on the H200). The choice never changes the output: every
 step is verified losslessly.
+
+A plain stretch costs what plain decoding costs: the target captures no layer
+inputs for the drafter (``capture`` False: no features copy, no deferred row).
+The drafter then misses those tokens, so capture turns back on ``window``
+plain steps before the next speculative step is due (a probe, or a decision
+that speculation pays): their rows are deferred and go in with one batched
+injection at the draft, and the skipped tokens before them are a hole the
+drafter closes up (draft.py). Each switch of the capture costs one scheduler
+re-reserve in llama.cpp (~10 ms on the 2-core CPU), so a stretch shorter than
+the window keeps the capture on. The probes are spaced by their measured
+cost: the time a probe cycle (its warm-up steps, the capture switches and the
+probe itself) takes beyond plain steps emitting the same tokens (``probe_cost``,
+from the step records' phases) sets a floor on the plain steps between two
+probes, ``probe_cost / (overhead · c(1))``, so that probing costs at most
+``overhead`` (1%) of plain decoding while speculation keeps losing; the gap
+still stops growing at ``probe_cap`` steps, so the drafter is re-probed
+eventually.
 """
 from __future__ import annotations
 
@@ -134,6 +151,10 @@ def extrapolate(curve: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([c, c[-1] + np.cumsum(extra)])
 
 
+#: ``AutoBudget._covered`` when the drafter holds the features of every committed token.
+SYNCED = 1 << 30
+
+
 @dataclass
 class AutoBudget:
     """Per-step budget chooser (state kept across generations of one Engine).
@@ -143,9 +164,20 @@ class AutoBudget:
     Attributes:
         probing: the last ``choose`` returned a probe (the engine then drafts
             only ``B`` deep instead of computing the whole gain curve).
+        capture: whether the step of the last ``choose`` has the target capture the drafter's
+            features (always for a speculative step; for a plain one only within ``window`` steps of
+            the next speculative step).
         probe_min / probe_max: plain steps between probes (doubling while plain keeps winning).
         recheck: plain steps a "plain wins" decision is kept before it is computed again (a
             speculative step's statistics clear it at once).
+        window: plain steps whose features the drafter gets before a speculative step that follows a
+            stretch without capture (the tokens before them are a hole in its cache).
+        overhead: the most of plain decoding's time probing may cost (sets the probe spacing's floor).
+        probe_cap: the most plain steps between two probes, whatever a probe costs.
+        probe_cost: seconds a probe cycle takes beyond plain decoding of the same tokens (running
+            mean; None before the first probe's record).
+        plain_s: seconds of a plain step without capture or switch, its whole record (running mean;
+            the baseline of ``probe_cost``).
         alpha: weight of a new sample in the running means.
     """
 
@@ -153,6 +185,9 @@ class AutoBudget:
     probe_min: int = 8
     probe_max: int = 256
     recheck: int = 8
+    window: int = 32
+    overhead: float = 0.01
+    probe_cap: int = 4096
     alpha: float = 0.2
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
@@ -160,9 +195,19 @@ class AutoBudget:
     accepted: float = 0.0
     predicted: float = 0.0
     probing: bool = False
+    capture: bool = True
+    probe_cost: float | None = None
+    plain_s: float | None = None
     _since_probe: int = 0
     _probe_every: int = 8
     _plain_kept: int = 0
+    _covered: int = SYNCED  # trailing committed tokens whose features the drafter has (or will have)
+    _spec: bool = False     # the last choice was a speculative budget (not a probe)
+    _warming: bool = False  # capturing ahead of a speculative step that found the drafter behind
+    _cycle: float = 0.0     # extra seconds of the probe cycle under way
+
+    def __post_init__(self):
+        self._probe_every = self.probe_min
 
     @property
     def ratio(self) -> float:
@@ -171,25 +216,77 @@ class AutoBudget:
             return 1.0
         return float(np.clip(self.accepted / self.predicted, 0.02, 2.0))
 
-    def choose(self, k_max: int) -> int:
-        """Budget for the next step, at most ``k_max`` (0 = plain decoding)."""
+    def plan(self, max_tokens: int, k_max: int) -> bool:
+        """Whether a generation of ``max_tokens`` tokens (the prefill's included) with budgets up to
+        ``k_max`` may reach a speculative step (speculation pays now, or a probe falls in it): then its
+        prefill captures the prompt's features for the drafter, else nothing is captured until a
+        probe comes near (``begin``)."""
+        k_max = min(k_max, max_tokens - 1)
+        if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
+            return True
+        if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max) > 0:
+            return True
+        return self._probe_every + 1 - self._since_probe <= max_tokens - 2
+
+    def begin(self, captured: bool) -> None:
+        """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
+        step decides afresh (a kept "plain wins" is dropped: ``plan`` may have found that drafting pays)."""
+        self.capture = captured
+        self._plain_kept = 0
+        self._warming = False
+        self._covered = SYNCED if captured else 0
+
+    def choose(self, k_max: int, remaining: int | None = None) -> int:
+        """Budget for the next step, at most ``k_max`` (0 = plain decoding); sets ``probing`` and ``capture``.
+
+        ``remaining``: tokens the generation still wants (this step's included), None = unbounded: a
+        plain stretch warms the drafter up only for a speculative step that can still come.
+        """
         self.probing = False
         if k_max < 1 or not self.costs.known(1):
-            return 0  # the first step measures a plain pass
+            return self._plain(self.capture)  # the first step measures a plain pass; no switch at the end
         if self.curve is None or self.draft_s is None:
-            self.probing = True
-            return min(self.first_probe, k_max)
+            return self._speculate(min(self.first_probe, k_max), probe=True, every=self._probe_every)
+        if self._warming and self._covered < self.window:  # a warm-up, once begun, runs its course:
+            return self._plain(True)                       # a decision near the margin would flip it
+        self._warming = False
         b = self._decide(k_max)
         if b > 0:
-            self._since_probe, self._probe_every = 0, self.probe_min
-            return b
+            return self._speculate(b, probe=False, every=self.probe_min)
+        self._spec = False
         self._since_probe += 1
-        if self._since_probe <= self._probe_every:
-            return 0
-        self._since_probe, self._probe_every = 0, min(2 * self._probe_every, self.probe_max)
-        self.probing = True
-        return best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max,
-                           speculative_only=True)
+        due = self._probe_every + 1 - self._since_probe  # steps until the probe (0: this one)
+        if due > 0:
+            return self._plain(due <= self.window and (remaining is None or due <= remaining - 2))
+        b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, speculative_only=True)
+        return self._speculate(b, probe=True, every=2 * self._probe_every)
+
+    def _plain(self, capture: bool) -> int:
+        self.capture = capture
+        self._covered = min(self._covered + 1, SYNCED) if capture else 0
+        return 0
+
+    def _speculate(self, b: int, probe: bool, every: int) -> int:
+        """``b`` drafted tokens, once the drafter has the recent tokens' features (else a plain step
+        that captures them: the choice is made again at the next step); ``every``: the next probe's
+        gap before its floor (``_spacing``)."""
+        if self._covered < self.window:
+            self._warming = True
+            return self._plain(True)
+        self._since_probe = 0
+        self._probe_every = self._spacing(every)
+        self.probing, self.capture, self._spec = probe, True, not probe
+        self._covered = SYNCED
+        return b
+
+    def _spacing(self, doubled: int) -> int:
+        """Plain steps before the next probe: the doubling schedule (``probe_min`` .. ``probe_max``), at
+        least what keeps probing within ``overhead`` of plain time, at most ``probe_cap``."""
+        n = min(max(doubled, self.probe_min), self.probe_max)
+        c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
+        if self.probe_cost is not None and c1:
+            n = max(n, int(np.ceil(self.probe_cost / (self.overhead * c1))))
+        return min(n, self.probe_cap)
 
     def _decide(self, k_max: int) -> int:
         """``best_budget`` now, or 0 while an earlier "plain wins" is kept (``recheck``)."""
@@ -202,11 +299,33 @@ class AutoBudget:
 
     def observe(self, rec) -> None:
         """Learn from one decode step (a ``step.StepRecord``): a plain step's pass cost, or a speculative
-        step's pass cost, drafting time, gain curve and acceptance."""
+        step's pass cost, drafting time, gain curve and acceptance; and what the probe cycle costs."""
         if rec.speculative:
-            self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft, rec.curve, rec.budget, rec.n_accepted)
-        else:
+            self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft - rec.t_sync, rec.curve, rec.budget,
+                              rec.n_accepted)
+        elif not rec.switched:  # a switch's scheduler re-reserve is no pass cost
             self.observe_plain(rec.t_verify)
+        self._account(rec)
+
+    def _account(self, rec) -> None:
+        """Add a step's time beyond plain decoding of its tokens to the probe cycle under way: every step
+        but a plain one without capture or switch; a probe closes the cycle (``probe_cost``)."""
+        a = self.alpha
+        if not (rec.speculative or rec.capture or rec.switched):
+            self.plain_s = rec.t_step if self.plain_s is None else (1 - a) * self.plain_s + a * rec.t_step
+            return
+        c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
+        if c1 is None:
+            return
+        if rec.speculative and not rec.probe:  # speculation pays: no probe cycle
+            self._cycle = 0.0
+            return
+        self._cycle += rec.t_step - c1 * len(rec.tokens)
+        if rec.probe:
+            cost = max(self._cycle, 0.0)
+            self.probe_cost = cost if self.probe_cost is None else (1 - a) * self.probe_cost + a * cost
+            self._cycle = 0.0
+            self._probe_every = self._spacing(self._probe_every)
 
     def observe_plain(self, seconds: float) -> None:
         """A plain step's target pass (1 token) took ``seconds``."""

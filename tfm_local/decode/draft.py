@@ -11,7 +11,11 @@ Token embedding and LM head are the target's, shared through ``ctx_other``.
 KV bookkeeping: the drafter cache holds injected features at ``0 .. P-1``
 plus, after a draft, the noise block at ``P ..``; ``inject`` (after the target's commit) drops the
 noise block and writes the accepted tokens' features; ``defer`` queues a plain step's row for the next
-draft's injection.
+draft's injection. Rows may skip committed tokens (the automatic budget's plain stretches capture no
+features): llama.cpp needs consecutive positions in a sequence, so a skipped range is a *hole* that
+the drafter's positions close up: every later row, and the block, sits that many positions lower in
+the drafter's cache than in the target's (relative positions across the hole shrink, as if the
+skipped text were cut out; ``n_injected`` and every ``pos`` argument stay the target's positions).
 
 Top-K per block position (``top_k``, ``draft_chain``) is computed in the
 drafter's ggml graph by a backend sampler of our patch API (full-vocabulary
@@ -95,8 +99,11 @@ class DFlashDrafter:
         lc.llama_set_causal_attn(self.ctx.ptr, False)
         self.keep_graphs = keep_graphs and native.keep_graphs(self.ctx.ptr, True)
         target.set_features(self.layers)
-        self.n_injected = 0
-        self._pending: list[np.ndarray] = []  # deferred feature rows, from position n_injected on
+        self._n_injected = 0  # target position after the last injected row
+        self._d_end = 0       # drafter position after the last injected row (= n_injected - holes)
+        self._holes: list[tuple[int, int]] = []  # (target pos, shift): rows from pos on sit at pos - shift
+        self._pending: list[np.ndarray] = []  # deferred feature rows, from position _pending_pos on
+        self._pending_pos = 0
         self._sampler = native.TopKAttachment(self.ctx)  # backend top-k over the block rows
 
     @property
@@ -124,17 +131,46 @@ class DFlashDrafter:
                                        + "; ".join(problems))
 
     # -- KV injection --------------------------------------------------------------------
+    @property
+    def n_injected(self) -> int:
+        """Target position after the last injected row (deferred rows not counted)."""
+        return self._n_injected
+
+    @n_injected.setter
+    def n_injected(self, pos: int) -> None:
+        """Forget the rows at target positions >= ``pos`` (bookkeeping only: the caller cuts the cache,
+        e.g. ``ctx.truncate``; bench/drafts.py rewinds so after its timed passes)."""
+        self._rewind(int(pos))
+
+    @property
+    def shift(self) -> int:
+        """Target position minus drafter position of the next row (the holes' total length so far)."""
+        return self._holes[-1][1] if self._holes else 0
+
+    def _rewind(self, pos: int) -> None:
+        if pos < self._n_injected:
+            self._holes = [(t, s) for t, s in self._holes if t < pos]
+            self._d_end = min(self._d_end, max(pos - self.shift, 0))
+            self._n_injected = pos
+
+    def _cut(self, pos: int) -> None:
+        """Drop the rows at target positions >= ``pos`` and the noise block from the cache."""
+        self._rewind(pos)
+        self.ctx.truncate(self._d_end)
+
     def reset(self) -> None:
         """Empty the drafter's KV cache, and attach the backend top-k sampler (TOP_K) if it is not:
         its scheduler reserve then falls on the coming prefill instead of a (timed) draft."""
         self.ctx.clear()
-        self.n_injected = 0
+        self._n_injected = self._d_end = self._pending_pos = 0
+        self._holes = []
         self._pending = []
         self._ensure_topk(TOP_K)
 
     def inject(self, features: np.ndarray, pos0: int) -> None:
         """Write features ``[n, n_layers * n_embd]`` of committed tokens at ``pos0 ..`` into the KV cache
-        (after any deferred rows, see :meth:`defer`)."""
+        (after any deferred rows, see :meth:`defer`). ``pos0`` past ``n_injected`` leaves a hole (see the
+        module doc); before it, the rows from ``pos0`` on are replaced."""
         self.flush()
         self._write(features, pos0)
 
@@ -145,26 +181,38 @@ class DFlashDrafter:
         drafter pass per token (1.3 ms on the 2-core CPU; on the H200 it made the auto mode 16%
         slower than plain decoding). Queued rows go in with one batched pass when drafting
         resumes (:meth:`flush`, called by every draft), or never when generation ends first.
-        Rows that do not continue the queue, or more than 512 of them, flush it first.
+        Rows that do not continue the queue, or more than 512 of them, flush it first; rows before
+        ``n_injected`` cut the cache back to ``pos0`` (a rewind), rows after it leave a hole.
         """
-        end = self.n_injected + sum(len(f) for f in self._pending)
-        if pos0 != end or end - self.n_injected >= 512:
+        end = self._pending_pos + sum(len(f) for f in self._pending)
+        if self._pending and (pos0 != end or end - self._pending_pos >= 512):
             self.flush()
-            self.ctx.truncate(pos0)
-            self.n_injected = pos0
+        if pos0 < self._n_injected:
+            self._cut(pos0)
+        if not self._pending:
+            self._pending_pos = pos0
         self._pending.append(np.asarray(features, dtype=np.float32))
+
+    @property
+    def pending(self) -> int:
+        """Rows queued by :meth:`defer`, not injected yet."""
+        return sum(len(f) for f in self._pending)
 
     def flush(self) -> None:
         """Inject the rows queued by :meth:`defer` (a no-op when none are)."""
         if self._pending:
             rows, self._pending = np.concatenate(self._pending), []
-            self._write(rows, self.n_injected)
+            self._write(rows, self._pending_pos)
 
     def _write(self, features: np.ndarray, pos0: int) -> None:
-        self.ctx.truncate(pos0)  # drop the noise block (and anything stale) first
+        self._cut(pos0)  # drop the noise block (and anything stale) first
+        shift = pos0 - self._d_end  # > self.shift: rows were skipped since the last one (a hole)
+        if shift != self.shift:
+            self._holes.append((pos0, shift))
         for s in range(0, features.shape[0], self.ctx.n_ubatch):
-            self.ctx.decode_embd(features[s:s + self.ctx.n_ubatch], pos0 + s)
-        self.n_injected = pos0 + features.shape[0]
+            self.ctx.decode_embd(features[s:s + self.ctx.n_ubatch], self._d_end + s)
+        self._d_end += features.shape[0]
+        self._n_injected = pos0 + features.shape[0]
 
     # -- drafting ------------------------------------------------------------------------
     def _check_n_draft(self, n_draft: int) -> None:
@@ -174,11 +222,11 @@ class DFlashDrafter:
     def _decode_block(self, last_token: int, pos: int, n_draft: int) -> None:
         """One pass over ``[last_token, MASK × n_draft]`` at ``pos ..``, every row an output."""
         self.flush()
-        self.ctx.truncate(pos)
+        self._cut(pos)  # the block right after the injected rows: a hole before it closes up
         # llama.cpp's dflash graph emits logits for every block row whatever the output flags
         # (as upstream's common/speculative.cpp reads them), and backend samplers take output
         # row i from logits row i: mark all rows, read rows 1.. .
-        self.ctx.decode_tokens([last_token] + [self.mask_token] * n_draft, pos, "all")
+        self.ctx.decode_tokens([last_token] + [self.mask_token] * n_draft, self._d_end, "all")
 
     def _ensure_topk(self, k: int) -> bool:
         """Attach the backend top-k sampler with at least ``k`` (and TOP_K) candidates per row.

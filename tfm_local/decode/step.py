@@ -11,6 +11,10 @@ is not in it yet and is the root of this step's tree. A step:
 4. **accept**: the lossless walk from the root along the target's choices (accept.py);
 5. **commit** the accepted path in the target's cache and inject its features into the drafter's.
 
+The target captures the drafter's layer inputs only in the steps that need them (``capture``): every
+step of a fixed budget, and under the automatic budget the speculative steps and the plain steps just
+before one (``AutoBudget.capture``); a plain stretch then costs what plain decoding costs.
+
 ``run_step`` returns a ``StepRecord``; the statistics (``GenerationStats.add_step``) and the automatic
 budget (``AutoBudget.observe``) read it. With no drafter, or ``k = 0``, the same step is plain decoding:
 the tree is the root alone. Method and sources: docs/design.md §1 and §5.
@@ -55,6 +59,10 @@ class StepRecord:
     tokens: the tokens emitted (accepted drafts, then the target's own token).
     curve: the drafter's gain curve ``[k_plan]`` for the automatic budget (None otherwise).
     phases: seconds per stage (``stats.PHASES``): drafter, tree, submit, verify, accept.
+    probe: the automatic budget's probe. capture: the target pass captured the drafter's features.
+    switched: the capture was turned on or off before the pass (llama.cpp re-reserved its scheduler
+    in it, ~10 ms on the 2-core CPU). t_sync: seconds of the drafter's injection of rows deferred by
+    earlier plain steps (part of phases["drafter"]).
     """
 
     pos: int
@@ -63,6 +71,10 @@ class StepRecord:
     tokens: list[int]
     curve: np.ndarray | None = None
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    probe: bool = False
+    capture: bool = False
+    switched: bool = False
+    t_sync: float = 0.0
 
     @property
     def speculative(self) -> bool:
@@ -80,6 +92,11 @@ class StepRecord:
         return self.phases["drafter"] + self.phases["tree"]
 
     @property
+    def t_step(self) -> float:
+        """The step's timed phases together (seconds)."""
+        return sum(self.phases.values())
+
+    @property
     def t_verify(self) -> float:
         """Target time: submitting and waiting for the verification pass, the acceptance walk and commit."""
         return self.phases["submit"] + self.phases["verify"] + self.phases["accept"]
@@ -89,6 +106,15 @@ def draft_limit(budget: int, remaining: int, target: Target) -> int:
     """The most drafted nodes a step may verify: the budget, bounded by the tokens still wanted
     (``remaining`` includes the target's own token), the room in the context and one batch."""
     return min(budget, remaining - 1, target.n_ctx - target.n_past - 1, target.n_batch - 1)
+
+
+def set_capture(target: Target, drafter: DFlashDrafter, on: bool) -> bool:
+    """Turn the target's capture of ``drafter``'s layer inputs on or off; True when that changed it
+    (llama.cpp then re-reserves its scheduler at the next decode)."""
+    if bool(target.feature_layers) == on:
+        return False
+    target.set_features(drafter.layers if on else [])
+    return True
 
 
 def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k: int, k_plan: int,
@@ -133,12 +159,20 @@ def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, b
     """
     pos = target.n_past
     k_max = draft_limit(budget, remaining, target)
-    k = auto.choose(k_max) if auto is not None else k_max
+    k = auto.choose(k_max, remaining) if auto is not None else k_max
     drafting = drafter is not None and k > 0
-    rec = StepRecord(pos=pos, budget=k if drafting else 0, n_nodes=1, tokens=[])
+    capture = drafter is not None and (drafting or auto is None or auto.capture)
+    rec = StepRecord(pos=pos, budget=k if drafting else 0, n_nodes=1, tokens=[], capture=capture,
+                     probe=drafting and auto is not None and auto.probing)
     clock = PhaseClock(rec.phases)
+    if drafter is not None:
+        rec.switched = set_capture(target, drafter, capture)
     # draft → tree
     if drafting:
+        if drafter.pending:  # the rows deferred by the plain steps before: one batched injection
+            drafter.flush()
+            clock.mark("drafter")
+            rec.t_sync = rec.phases["drafter"]
         k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
         tree, rec.curve = draft_tree(drafter, shape, last, pos, k, k_plan, auto is not None, clock)
     else:
@@ -151,7 +185,7 @@ def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, b
     target.commit(walk.path)
     clock.mark("accept")
     # the accepted path's features into the drafter (a plain step's row waits for the next draft)
-    if drafter is not None:
+    if capture:
         features = target.features(target.rows(walk.path), len(tree))
         (drafter.inject if drafting else drafter.defer)(features, pos)
     clock.mark("drafter")
