@@ -12,6 +12,7 @@ import pytest
 from tfm_local.decode.sampling import SamplingParams, draw_key, sample_row
 from tfm_local.decode.verify import Target
 from tfm_local.engine import Engine
+from tfm_local.llama import native
 from tfm_local.llama.model import gpu_available
 
 from test_engine import PROMPTS, OracleDrafter, models  # noqa: F401  (fixtures)
@@ -59,6 +60,8 @@ def test_target_draws_equal_the_host_twin(models, sp):
             for node in range(len(toks)):
                 key = draw_key(99, int(want.draw_pos[node]))
                 assert got.ids[node] == sample_row(np.array(want.logits[node]), sp, key)[0], node
+            with pytest.raises(native.NativeError):     # one draw per output row, no more (no padding row)
+                native.sample_get(t.ctx.ptr, 0, len(toks) + 1)
             t.commit([])
             ref.commit([])
     finally:

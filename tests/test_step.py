@@ -79,7 +79,7 @@ def test_verdict_choice_by_rule(paths):
     assert [host.choice(i, GREEDY) for i in range(4)] == list(np.argmax(logits, axis=1))
     t.commit([])
     if t.attach_argmax(4):
-        backend = t.verify([5, 6, 7, 8], parents, backend_argmax=True)
+        backend = t.verify([5, 6, 7, 8], parents, backend_choice=True)
         assert backend.logits is None and backend.ids.shape == (4,)
         assert [backend.chooser(GREEDY)(i) for i in range(4)] == [int(x) for x in backend.ids]
     t.close()
@@ -88,7 +88,7 @@ def test_verdict_choice_by_rule(paths):
 def _pair(paths):
     tgt = Target(paths[0], n_ctx=128, n_batch=32, n_threads=1)
     dft = DFlashDrafter(paths[1], tgt, n_threads=1)
-    last = GREEDY(tgt.prefill(PROMPT, lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)))
+    last = GREEDY(tgt.prefill(PROMPT, lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)), len(PROMPT))
     return tgt, dft, last
 
 

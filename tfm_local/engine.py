@@ -261,15 +261,20 @@ class Engine:
             if auto is not None:
                 auto.begin(captured)
         on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft and tgt.feature_layers else None
-        argmax = sp.greedy and self.backend_argmax and tgt.attach_argmax(self._max_rows())
-        last = tgt.prefill_argmax(prompt_ids, on_chunk) if argmax else choose(tgt.prefill(prompt_ids, on_chunk))
+        # the target's choice per row in its graph: the argmax (greedy_argmax) or the seeded draw
+        if sp.greedy:
+            backend = self.backend_argmax and tgt.attach_argmax(self._max_rows())
+        else:
+            backend = tgt.attach_sampler(sp, choose.seed, self._max_rows())
+        last = (tgt.prefill_choice(prompt_ids, on_chunk) if backend
+                else choose(tgt.prefill(prompt_ids, on_chunk), len(prompt_ids)))
         st.t_prefill = time.perf_counter() - t0
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
         yield last
         shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width)
         while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
-            rec = run_step(tgt, dft, shape, self.budget, auto, last, max_tokens - st.n_generated, choose, argmax)
+            rec = run_step(tgt, dft, shape, self.budget, auto, last, max_tokens - st.n_generated, choose, backend)
             st.add_step(rec)
             if auto is not None:
                 auto.observe(rec)

@@ -645,10 +645,16 @@ void sample_build(ggml_context * ctx, ggml_cgraph * gf, sample_config & cfg, lla
     }
     if (cfg.rows_src != src) {
         cfg.rows_src = src;
-        cfg.keys     = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, src->ne[1]);
+        // llama.cpp pads the logits with one row of zeros (build_sampling, to keep a one-output graph
+        // static): leave it out, a row of 151,936 tied logits is the slowest input of every filter
+        ggml_tensor * rows = const_cast<ggml_tensor *>(src);
+        if (src->op == GGML_OP_PAD && src->ne[1] >= 2 && src->src[0] != nullptr && src->src[0]->ne[1] == src->ne[1] - 1) {
+            rows = ggml_view_2d(ctx, rows, src->ne[0], src->ne[1] - 1, src->nb[1], 0);
+        }
+        cfg.keys = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, rows->ne[1]);
         ggml_set_name(cfg.keys, "tfm_sample_keys");
         ggml_set_input(cfg.keys);
-        cfg.out = ggml_sample_tokens(ctx, const_cast<ggml_tensor *>(src), cfg.keys, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p);
+        cfg.out = ggml_sample_tokens(ctx, rows, cfg.keys, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p);
         ggml_set_name(cfg.out, "tfm_sample_out");
         ggml_set_output(cfg.out);
         if (gf != nullptr) {

@@ -146,16 +146,16 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
 
 
 def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, budget: int,
-             auto: AutoBudget | None, last: int, remaining: int, choose: Callable[[np.ndarray], int],
-             backend_argmax: bool) -> StepRecord:
+             auto: AutoBudget | None, last: int, remaining: int, choose: Callable[[np.ndarray, int], int],
+             backend_choice: bool) -> StepRecord:
     """One step after ``last`` (see the module doc); emits at most ``remaining`` tokens.
 
     Args:
         drafter: the drafter, or None for a plain step. budget: drafted nodes per step (``auto`` None)
             or the automatic budget's ceiling. auto: the automatic budget, or None for a fixed one.
-        choose: the host rule ``logits [n_vocab] float32 -> token`` (sampling.TokenChooser).
-        backend_argmax: read each node's argmax computed in the target's graph instead (greedy only;
-            the target's argmax must be attached, ``Target.attach_argmax``).
+        choose: the host rule ``(logits [n_vocab] float32, position) -> token`` (sampling.TokenChooser).
+        backend_choice: read each node's token chosen in the target's graph instead (its argmax or its
+            seeded draw: ``Target.attach_argmax`` / ``Target.attach_sampler`` first).
     """
     pos = target.n_past
     k_max = draft_limit(budget, remaining, target)
@@ -178,7 +178,7 @@ def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, b
     else:
         tree = Tree.root(last)
     # verify → accept → commit
-    verdict = target.verify(tree.tokens, tree.parents, backend_argmax=backend_argmax,
+    verdict = target.verify(tree.tokens, tree.parents, backend_choice=backend_choice,
                             on_submit=lambda: clock.mark("submit"))
     clock.mark("verify")
     walk = walk_tree(tree.parents, tree.tokens, verdict.chooser(choose), max_tokens=remaining)
