@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tfm_local.lossless import TIE_GAP, classify, first_divergence
+from tfm_local.lossless import CPU_TIE_GAP, TIE_GAP, classify, first_divergence, tie_gap
 from tfm_local.decode.verify import Target
 
 from tfm_local.testing.synth import write_tiny_target
@@ -53,7 +53,16 @@ def test_second_best_token_is_a_tie_only_within_the_gap(target):
     assert d.gaps == pytest.approx((0.0, gap))
     assert not classify(target, PROMPT, ref, out, gap=gap * 0.99).near_tie
     worst = int(np.argmin(logits))
-    assert not classify(target, PROMPT, ref, ref[:2] + [worst]).near_tie or logits.max() - logits.min() < TIE_GAP
+    assert not classify(target, PROMPT, ref, ref[:2] + [worst]).near_tie or logits.max() - logits.min() < tie_gap(target)
+
+
+def test_the_default_gap_follows_the_backend(target):
+    """CPU targets get the gap measured on the CPU, GPU targets the CUDA one."""
+    assert tie_gap(target) == (TIE_GAP if target.model.on_gpu else CPU_TIE_GAP)
+    class OnGpu:
+        class model:
+            on_gpu = True
+    assert tie_gap(OnGpu()) == TIE_GAP and tie_gap(object()) == CPU_TIE_GAP
 
 
 def test_relative_gap_scales_with_the_largest_logit(target):

@@ -37,7 +37,7 @@ rule: np.argmax of each row, exact ties to the lowest id like CUDA's backend arg
    change of the top-1 minus top-2 gap, and whether the argmax differs (then the 1-token row's gap of
    the pass's pick). n = 1 is the same computation twice (0 unless the backend is not deterministic).
    The largest ``gap_shift`` per backend and n is the near-tie gap that rule would need
-   (``tfm_local.lossless.TIE_GAP`` assumes 0.5).
+   (``tfm_local.lossless.tie_gap``: 1.0 on the CPU, from this script's CPU run; 0.5 on CUDA).
 
 Time: the census stops at (1 - ``--spread-share``) of ``--time-limit``, the spread at the limit (a prompt
 or tree under way finishes first: a few seconds on a GPU, up to a minute on 2 CPU cores); the JSON is
@@ -60,7 +60,7 @@ from tfm_local.decode.accept import children_lists
 from tfm_local.decode.stats import PHASES, PhaseClock
 from tfm_local.decode.step import DraftShape, draft_tree, run_step
 from tfm_local.decode.tree import Tree
-from tfm_local.lossless import TIE_GAP, classify
+from tfm_local.lossless import classify, tie_gap
 
 SETS = ("humaneval", "gsm8k", "mtbench")
 SOURCES = ("ddtree", "chain", "synthetic")
@@ -386,8 +386,8 @@ def summarize_spread(rows: list[dict]) -> list[dict]:
 
 
 def summarize_census(prompts: list[dict], budgets) -> list[dict]:
-    """Per budget: prompts run, tokens compared, τ, divergences (and how many outside TIE_GAP by the
-    prefill rule), the largest plain 1-token gap and flip at a divergence, and the drift over every
+    """Per budget: prompts run, tokens compared, τ, divergences (and how many outside the tie gap by the
+    prefill rule and the backend's tie gap), the largest plain 1-token gap and flip at a divergence, and the drift over every
     compared row (max_abs median / max, gap_shift max)."""
     out = []
     for b in budgets:
@@ -443,7 +443,7 @@ def print_tables(doc: dict) -> None:
         print(f"{s['source']:9s} {s['n']:4d} {s['rows']:6d} {_f(s['max_abs_median'])} {_f(s['max_abs_p99'], 6)} "
               f"{_f(s['max_abs_max'], 6)}  {_f(s['rel_max'], 7, 4)}  {_f(s['gap_shift_p99'], 13)} "
               f"{_f(s['gap_shift_max'], 6)}  {_f(s['gap_shift_near_p99'], 8)} {_f(s['gap_shift_near_max'], 6)}  {_f(s['gap12_change_max'], 9)}  {s['flips']:5d}  {_f(s['flip_gap_max'], 12)}")
-    print(f"(the near-tie rule, tfm_local.lossless.TIE_GAP, assumes {TIE_GAP}; a flip at a 1-token gap g needs a "
+    print(f"(the near-tie rule, tfm_local.lossless.tie_gap, assumes {doc['tie_gap']} here; a flip at a 1-token gap g needs a "
           f"gap shift above g; near: competitors within {NEAR} of the best)")
 
 
@@ -501,7 +501,7 @@ def main(argv=None) -> dict:
     doc = dict(run_record(argv), backend="cuda" if on_gpu else "cpu",
                device=device_name("gpu" if on_gpu else "cpu"), host=platform.node(),
                target=str(eng.target.model.path), drafter=str(eng.drafter.model.path) if eng.drafter else None,
-               tie_gap=TIE_GAP, budgets=a.budgets, sizes=a.sizes, sources=a.sources, complete=False,
+               tie_gap=tie_gap(eng.target), budgets=a.budgets, sizes=a.sizes, sources=a.sources, complete=False,
                census=[], census_summary=[], spread=[], spread_summary=[])
 
     def save():

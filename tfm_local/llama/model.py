@@ -99,6 +99,8 @@ class Model:
             raise FileNotFoundError(f"model file not found: {self.path}")
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if gpu_available() else 0
+        #: whether layers run on a GPU (the numerics of batched passes differ per backend: tfm_local.lossless)
+        self.on_gpu = params.n_gpu_layers != 0
         self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise LlamaError(f"llama.cpp could not load {self.path}" + (_load_hint(self.path) or
