@@ -73,11 +73,15 @@ def parse_samplings(text: str, seed: int) -> list[Sampling]:
         out.append(Sampling(sampling_label(sp), sp))
     if not out:
         raise ValueError("--samplings is empty")
-    labels = [s.label for s in out]
+    _refuse_repeats([s.label for s in out], "sampling(s)")
+    return out
+
+
+def _refuse_repeats(labels: list[str], what: str) -> None:
+    """ValueError naming the labels given more than once."""
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
-        raise ValueError(f"sampling(s) given twice: {', '.join(dup)}")
-    return out
+        raise ValueError(f"{what} given twice: {', '.join(dup)}")
 
 
 def sampling_label(sp) -> str:
@@ -125,10 +129,7 @@ def parse_modes(text: str) -> list[Mode]:
     modes = [parse_mode(t) for t in text.split(",") if t.strip()]
     if not modes:
         raise ValueError("--modes is empty")
-    labels = [m.label for m in modes]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise ValueError(f"mode(s) given twice: {', '.join(dup)}")
+    _refuse_repeats([m.label for m in modes], "mode(s)")
     return modes
 
 
