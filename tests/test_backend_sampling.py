@@ -104,6 +104,13 @@ def test_backend_and_host_paths_agree(models):
     assert backend == host
 
 
+def test_a_top_k_beyond_the_vocabulary_is_off(models):
+    """top_k >= n_vocab (even beyond int32) keeps every token, as top_k = 0."""
+    with Engine(models["target"], None, n_ctx=256) as e:
+        a = run_ids(e, PROMPTS[0], 12, SamplingParams(temperature=1.0, top_k=10 ** 30, seed=4))
+        assert a == run_ids(e, PROMPTS[0], 12, SamplingParams(temperature=1.0, seed=4))
+
+
 def test_seed_none_draws_a_fresh_seed(models):
     with Engine(models["target"], None, n_ctx=256) as e:
         outs = {tuple(run_ids(e, PROMPTS[2], 12, SamplingParams(temperature=1.5))) for _ in range(4)}

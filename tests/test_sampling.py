@@ -48,10 +48,19 @@ def test_a_draw_depends_on_seed_and_position_only():
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
-                                 dict(min_p=2)])
+                                 dict(min_p=2), dict(top_k=2.5), dict(top_k=True), dict(seed=1.5),
+                                 dict(seed="abc"), dict(temperature="0.7"), dict(top_p=None)])
 def test_bad_sampling_params(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_edge_settings_follow_llama_cpp():
+    """A temperature float32 cannot tell from 0 is greedy; seed -1 (and None) draws a random seed."""
+    assert SamplingParams(temperature=1e-300).greedy and not SamplingParams(temperature=1e-30).greedy
+    seeds = {TokenChooser(SamplingParams(temperature=1.0, seed=-1)).seed for _ in range(4)}
+    assert len(seeds) == 4
+    assert TokenChooser(SamplingParams(temperature=1.0, seed=5 + 2 ** 64)).seed == 5
 
 
 def test_stop_strings_hold_back_prefixes():

@@ -1,4 +1,4 @@
-"""Losslessness at 64 and 128 nodes (issue 25, item 4): where DDTree leaves plain greedy decoding, and
+"""Losslessness at 64 and 128 nodes: where DDTree leaves plain greedy decoding, and
 how far the logits of an n-node target pass lie from decoding each node's path one token at a time.
 
 Usage (repository root, the checkout on the path; on a GPU machine the CUDA build the package loads,

@@ -18,14 +18,30 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def _real(name: str, value) -> float:
+    """``value`` as a float; ValueError naming ``name`` unless it is a real number (not a bool or a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value) -> int:
+    """``value`` as an int; ValueError naming ``name`` unless it is an integer (not a bool or a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target's next-token distribution is processed.
 
-    temperature: 0 → greedy (argmax of the raw logits); > 0 → sampling.
-    top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass (1 = off).
-    min_p: drop tokens below min_p × p_max (0 = off). seed: RNG seed (None = random).
-    Raises ValueError on out-of-range values.
+    temperature: 0 → greedy (argmax of the raw logits); > 0 → sampling (a temperature that float32
+    cannot tell from 0, below ~1e-45, is greedy too). top_k: keep the k most likely tokens (0, or at
+    least the vocabulary, = off). top_p: nucleus mass (1 = off). min_p: drop tokens below min_p × p_max
+    (0 = off). seed: the draws' seed, any integer (taken modulo 2**64); None or -1 (llama.cpp's and
+    Ollama's "random") = a random seed per generation.
+    Raises ValueError naming the field on a value of the wrong type or out of range.
     """
 
     temperature: float = 0.0
@@ -35,18 +51,22 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+        t, p, m = _real("temperature", self.temperature), _real("top_p", self.top_p), _real("min_p", self.min_p)
+        k = _integer("top_k", self.top_k)
+        if self.seed is not None:
+            _integer("seed", self.seed)
+        if not (t >= 0 and np.isfinite(t)):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
+        if k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
+        if not 0 < p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
+        if not 0 <= m <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return np.float32(self.temperature) == 0
 
 
 _PHI = np.uint64(0x9E3779B97F4A7C15)
@@ -149,12 +169,12 @@ class TokenChooser:
 
     The draw for position ``pos`` uses the key ``draw_key(seed, pos)`` (``sample_row``), so plain and
     speculative decoding with one seed draw the same token wherever their logits agree, whatever the
-    tree. ``seed``: ``sp.seed``, or a random 64-bit seed when it is None.
+    tree. ``seed``: ``sp.seed`` modulo 2**64, or a random 64-bit seed when it is None or -1.
     """
 
     def __init__(self, sp: SamplingParams):
         self.sp = sp
-        self.seed = int(sp.seed) % 2 ** 64 if sp.seed is not None else secrets.randbits(64)
+        self.seed = int(sp.seed) % 2 ** 64 if sp.seed not in (None, -1) else secrets.randbits(64)
 
     def __call__(self, logits: np.ndarray, position: int) -> int:
         if self.sp.greedy:

@@ -383,7 +383,8 @@ class Target:
         if self._argmax.k:
             self._argmax.forget()  # the sample attach below replaces it
             self._draw.forget()
-        return self._draw.ensure((float(sp.temperature), int(sp.top_k), float(sp.top_p), float(sp.min_p),
+        top_k = min(int(sp.top_k), self.model.n_vocab)  # at least the vocabulary: off (and an int32)
+        return self._draw.ensure((float(sp.temperature), top_k, float(sp.top_p), float(sp.min_p),
                                   int(seed) % 2 ** 64), n_rows)
 
     def _check_rows(self, n_rows: int) -> None:
