@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -392,8 +393,9 @@ void topk_build(ggml_context * ctx, topk_config & cfg, llama_sampler_data * data
     data->logits     = ggml_view_1d(ctx, cfg.rows_logp, k, i * cfg.rows_logp->nb[1]);
 }
 
-// True when the device behind buft runs every op of topk_build, for one row and for a matrix of rows.
-bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
+// True when the device behind buft runs every op that build adds to a graph (of at most 128 nodes,
+// in a context without data): the support probe of the backend samplers.
+bool device_runs(ggml_backend_buffer_type_t buft, const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
     if (dev == nullptr) {
         return true; // plain host memory: the CPU backend runs these ops
@@ -408,22 +410,29 @@ bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
     if (ctx == nullptr) {
         return false;
     }
-    ggml_cgraph * gf    = ggml_new_graph_custom(ctx, max_nodes, false);
-    ggml_tensor * mat   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
-    topk_config   probe = { cfg.k, cfg.n_vocab, cfg.on_backend, nullptr, nullptr, nullptr };
-    llama_sampler_data one  = { ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cfg.n_vocab), nullptr, nullptr, nullptr };
-    llama_sampler_data rows = { ggml_view_1d(ctx, mat, cfg.n_vocab, mat->nb[1]), nullptr, nullptr, nullptr };
-    for (llama_sampler_data * d : { &one, &rows }) {
-        topk_build(ctx, probe, d);
-        ggml_build_forward_expand(gf, d->logits);
-        ggml_build_forward_expand(gf, d->candidates);
-    }
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, max_nodes, false);
+    build(ctx, gf);
     bool ok = true;
     for (int i = 0; ok && i < ggml_graph_n_nodes(gf); ++i) {
         ok = ggml_backend_dev_supports_op(dev, ggml_graph_node(gf, i));
     }
     ggml_free(ctx);
     return ok;
+}
+
+// True when the device behind buft runs every op of topk_build, for one row and for a matrix of rows.
+bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
+    return device_runs(buft, [&](ggml_context * ctx, ggml_cgraph * gf) {
+        ggml_tensor * mat   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
+        topk_config   probe = { cfg.k, cfg.n_vocab, cfg.on_backend, nullptr, nullptr, nullptr };
+        llama_sampler_data one  = { ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cfg.n_vocab), nullptr, nullptr, nullptr };
+        llama_sampler_data rows = { ggml_view_1d(ctx, mat, cfg.n_vocab, mat->nb[1]), nullptr, nullptr, nullptr };
+        for (llama_sampler_data * d : { &one, &rows }) {
+            topk_build(ctx, probe, d);
+            ggml_build_forward_expand(gf, d->logits);
+            ggml_build_forward_expand(gf, d->candidates);
+        }
+    });
 }
 
 const char * topk_name(const llama_sampler * /*smpl*/) {
@@ -669,25 +678,11 @@ void sample_build(ggml_context * ctx, ggml_cgraph * gf, sample_config & cfg, lla
 }
 
 bool sample_supported(const sample_config & cfg, ggml_backend_buffer_type_t buft) {
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
-    if (dev == nullptr) {
-        return true; // plain host memory: the CPU backend runs the op
-    }
-    ggml_init_params params = {
-        /*.mem_size   =*/ 8 * ggml_tensor_overhead(),
-        /*.mem_buffer =*/ nullptr,
-        /*.no_alloc   =*/ true,
-    };
-    ggml_context * ctx = ggml_init(params);
-    if (ctx == nullptr) {
-        return false;
-    }
-    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
-    ggml_tensor * keys   = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 2);
-    ggml_tensor * out    = ggml_sample_tokens(ctx, logits, keys, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p);
-    const bool ok = ggml_backend_dev_supports_op(dev, out);
-    ggml_free(ctx);
-    return ok;
+    return device_runs(buft, [&](ggml_context * ctx, ggml_cgraph * gf) {
+        ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
+        ggml_tensor * keys   = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 2);
+        ggml_build_forward_expand(gf, ggml_sample_tokens(ctx, logits, keys, cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p));
+    });
 }
 
 const char * sample_name(const llama_sampler * /*smpl*/) {
