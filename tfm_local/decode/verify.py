@@ -362,9 +362,7 @@ class Target:
         speculative decoding in a generation, and a near-tie is checked as such (tfm_local.lossless).
         """
         self._check_rows(n_rows)
-        if self._draw.params is not None:
-            self._draw.forget()  # the top-k attach below replaces it
-            self._argmax.forget()
+        self._draw.forget()  # the top-k attach below replaces an attached token sampler
         return self._argmax.ensure(1, n_rows)
 
     def attach_sampler(self, sp, seed: int, n_rows: int) -> bool:
@@ -380,9 +378,7 @@ class Target:
         if sp.greedy:
             raise ValueError("attach_sampler needs a temperature > 0 (greedy decoding: attach_argmax)")
         self._check_rows(n_rows)
-        if self._argmax.k:
-            self._argmax.forget()  # the sample attach below replaces it
-            self._draw.forget()
+        self._argmax.forget()  # the sample attach below replaces an attached argmax
         top_k = min(int(sp.top_k), self.model.n_vocab)  # at least the vocabulary: off (and an int32)
         return self._draw.ensure((float(sp.temperature), top_k, float(sp.top_p), float(sp.min_p),
                                   int(seed) % 2 ** 64), n_rows)
