@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tfm_local.lossless import CPU_TIE_GAP, TIE_GAP, classify, first_divergence, tie_gap
+from tfm_local.lossless import CPU_TIE_GAP, TIE_GAP, WIDE_TIE_GAP, classify, first_divergence, tie_gap
 from tfm_local.decode.verify import Target
 
 from tfm_local.testing.synth import write_tiny_target
@@ -62,7 +62,10 @@ def test_the_default_gap_follows_the_backend(target):
     class OnGpu:
         class model:
             on_gpu = True
-    assert tie_gap(OnGpu()) == TIE_GAP and tie_gap(object()) == CPU_TIE_GAP
+    assert tie_gap(OnGpu(), 8) == TIE_GAP and tie_gap(object()) == CPU_TIE_GAP
+    # CUDA: passes of 16 nodes or more move gaps by up to 1.44 (H200), the CPU's gap holds for every size
+    assert tie_gap(OnGpu()) == tie_gap(OnGpu(), 16) == tie_gap(OnGpu(), 65) == WIDE_TIE_GAP > 1.44
+    assert tie_gap(object(), 65) == CPU_TIE_GAP
 
 
 def test_relative_gap_scales_with_the_largest_logit(target):

@@ -220,3 +220,32 @@ def test_a_hole_in_the_drafter_cache_closes_up(paths):
     assert holed.n_injected == p + 2 and holed.shift == 0 and holed.ctx.pos_max() == p + 1
     for d in (holed, ref, tgt):
         d.close()
+
+
+def test_capture_switched_every_step_gives_the_features_of_a_capture_always_on(paths):
+    """Turning the layer-input capture on and off between passes (patch 0013: a layer input, once
+    captured, stays a graph output) leaves the graph as it is: it is reused across the switches, and
+    the features and logits equal those of a target that captures throughout. The first capture plans
+    the graph's allocation anew (a reused plan would let later nodes overwrite the layer inputs)."""
+    from tfm_local.llama.native import graphs_reused
+
+    layers = DFlashDrafter(paths[1], Target(paths[0], n_ctx=128, n_threads=1), n_threads=1).layers
+    toggled, always = (Target(paths[0], n_ctx=128, n_batch=32, n_threads=1) for _ in range(2))
+    always.set_features(layers)
+    for t in (toggled, always):
+        t.prefill(PROMPT)
+    reused = []
+    for i, tok in enumerate([5, 6, 7, 8, 9, 10, 11, 12]):
+        on = i % 3 != 1
+        toggled.set_features(layers if on else [])
+        before = graphs_reused(toggled.ctx.ptr)
+        got, ref = (np.array(t.verify([tok]).logits) for t in (toggled, always))
+        reused.append(graphs_reused(toggled.ctx.ptr) - before)
+        np.testing.assert_array_equal(got, ref)
+        if on:
+            np.testing.assert_array_equal(toggled.features(slice(0, 1), 1), always.features(slice(0, 1), 1))
+        for t in (toggled, always):
+            t.commit([0])
+    assert reused == [0] + [1] * 7  # the first capture re-plans; no switch after it changes the graph
+    for t in (toggled, always):
+        t.close()

@@ -37,7 +37,8 @@ rule: np.argmax of each row, exact ties to the lowest id like CUDA's backend arg
    change of the top-1 minus top-2 gap, and whether the argmax differs (then the 1-token row's gap of
    the pass's pick). n = 1 is the same computation twice (0 unless the backend is not deterministic).
    The largest ``gap_shift`` per backend and n is the near-tie gap that rule would need
-   (``tfm_local.lossless.tie_gap``: 1.0 on the CPU, from this script's CPU run; 0.5 on CUDA).
+   (``tfm_local.lossless.tie_gap``: 1.0 on the CPU, from this script's CPU run; on CUDA 0.5 below 16
+   nodes and 1.5 from 16 on, from its H200 run of 2026-12-02).
 
 Time: the census stops at (1 - ``--spread-share``) of ``--time-limit``, the spread at the limit (a prompt
 or tree under way finishes first: a few seconds on a GPU, up to a minute on 2 CPU cores); the JSON is
@@ -333,7 +334,7 @@ def census_prompt(engine, ids: list[int], n_tokens: int, budgets, deadline: floa
             div = dict(found)
             toks, pars = div.pop("_tree")
             div["flip"] = div["tree"]["gap"] + div["one_token"]["gap"]
-            c = classify(engine.target, ids, ref, out)
+            c = classify(engine.target, ids, ref, out, n_nodes=b + 1)
             div["prefill"] = dict(gaps=list(c.gaps) if c.gaps else None, near_tie=c.near_tie)
             if replay:
                 div["replay"] = replay_divergence(engine, ids, ref, div, toks, pars)

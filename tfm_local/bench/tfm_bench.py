@@ -207,8 +207,9 @@ def mark_mismatches(runs: list[dict]) -> None:
 
 def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
     """Set ``divergence`` (``tfm_local.lossless.classify`` as a dict) on every run that differs from
-    plain decoding: where it starts and whether it is a numerical near-tie. ``prompts`` maps
-    (set, prompt_id) to the Prompt. Each check is one prefill of the target."""
+    plain decoding: where it starts and whether it is a numerical near-tie (the gap of the mode's
+    largest verification, ``tfm_local.lossless.tie_gap``). ``prompts`` maps (set, prompt_id) to the
+    Prompt. Each check is one prefill of the target."""
     from dataclasses import asdict
 
     from ..lossless import classify
@@ -217,7 +218,8 @@ def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
     for r in runs:
         if r.get("matches_plain") is False and "divergence" not in r and not r.get("sampled"):
             ids = engine.prompt_tokens(prompts[(r["set"], r["prompt_id"])].messages)
-            r["divergence"] = asdict(classify(engine.target, ids, plain[run_key(r)], r["output_ids"]))
+            r["divergence"] = asdict(classify(engine.target, ids, plain[run_key(r)], r["output_ids"],
+                                              n_nodes=(r.get("budget_max") or 0) + 1))
 
 
 def phase_ms(rows: list[dict], steps: int) -> dict:
@@ -233,7 +235,9 @@ def phase_ms(rows: list[dict], steps: int) -> dict:
 def aggregate(rows: list[dict]) -> dict:
     """Totals of a set of runs: τ = emitted / verify passes, tok/s = emitted / decode time (the first
     token of each run comes from its prefill, as in ``GenerationStats.tokens_per_s``),
-    mean_drafted = drafted tokens per speculative pass, mismatches vs plain (None without plain),
+    mean_drafted = drafted tokens per speculative pass, n_probes / n_capture_steps / n_switches = the
+    automatic budget's probes, capturing plain steps and capture switches, mismatches vs plain (None
+    without plain),
     ms_per_step = the step's time split (``phase_ms``)."""
     steps = sum(r["n_steps"] for r in rows)
     toks = sum(r["n_step_tokens"] for r in rows)
@@ -246,6 +250,7 @@ def aggregate(rows: list[dict]) -> dict:
                 tokens_per_s=toks / t if t else 0.0, t_draft=sum(r["t_draft"] for r in rows),
                 t_verify=sum(r["t_verify"] for r in rows), t_decode=t, n_steps=steps, n_spec_steps=spec,
                 n_drafted=drafted, mean_drafted=drafted / spec if spec else 0.0, ms_per_step=phase_ms(rows, steps),
+                **{k: sum(r.get(k, 0) for r in rows) for k in ("n_probes", "n_capture_steps", "n_switches")},
                 mismatches=checked.count(False) if checked else None,
                 not_near_ties=sum(1 for r in rows if r.get("divergence") and not r["divergence"]["near_tie"])
                 if checked and not any(r.get("sampled") for r in rows) else None)

@@ -26,8 +26,8 @@ follow the text. A probe drafts only as deep as its budget (``probing``), so
 it costs one short drafter pass and one short verification; the gains of
 deeper budgets are then extrapolated from it (``extrapolate``). Between probes
 only the one-token cost changes, so a "plain" choice is re-evaluated every
-``recheck`` steps rather than on each (it cost ~0.1 ms a step in Python, 5%
-of a plain step on the H200). The choice never changes the output: every
+``recheck`` (32) steps rather than on each (~60 µs of NumPy per evaluation,
+3% of a plain step on the H200 if done every step). The choice never changes the output: every
 step is verified losslessly.
 
 A plain stretch costs what plain decoding costs: the target captures no layer
@@ -36,14 +36,16 @@ The drafter then misses those tokens, so capture turns back on ``window``
 plain steps before the next speculative step is due (a probe, or a decision
 that speculation pays): their rows are deferred and go in with one batched
 injection at the draft, and the skipped tokens before them are a hole the
-drafter closes up (draft.py). Each switch of the capture costs one scheduler
-re-reserve in llama.cpp (~10 ms on the 2-core CPU), so a stretch shorter than
-the window keeps the capture on. The probes are spaced by their measured
+drafter closes up (draft.py). A switch of the capture costs one graph rebuild
+(patch 0013; it used to cost a scheduler re-reserve, ~10 ms on the 2-core CPU),
+and a stretch shorter than the window keeps the capture on. A generation's
+prompt is captured only when a speculative step can fall within it
+(``plan``). The probes are spaced by their measured
 cost: the time a probe cycle (its warm-up steps, the capture switches and the
 probe itself) takes beyond plain steps emitting the same tokens (``probe_cost``,
 from the step records' phases) sets a floor on the plain steps between two
 probes, ``probe_cost / (overhead · c(1))``, so that probing costs at most
-``overhead`` (1%) of plain decoding while speculation keeps losing; the gap
+``overhead`` (0.5%) of plain decoding while speculation keeps losing; the gap
 still stops growing at ``probe_cap`` steps, so the drafter is re-probed
 eventually.
 """
@@ -54,26 +56,50 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+#: A new sample of a running cost counts at most this many times the current mean (an outlier: a
+#: collection pause, a re-reserve, a first launch of a new shape).
+OUTLIER = 2.0
+
+
+def running_cost(mean: float | None, sample: float, alpha: float, warm: bool) -> float:
+    """The next value of a running mean of costs (seconds) after ``sample``.
+
+    ``warm``: the mean so far holds only the first sample, which carries one-time costs (on a GPU the
+    first pass of a shape captures its CUDA graph and allocates: 26 ms for a 2-token pass that then
+    takes 1.9 ms, a first drafter call of 19 ms against 2 ms; H200, 2026-12-02): the lower of the two
+    replaces it. Later samples enter an exponential moving average (weight ``alpha``), each capped at
+    ``OUTLIER`` times the mean, so that a single slow step cannot price speculation out for hundreds of
+    steps while a real change (a slower machine, a longer context) still comes through within a few.
+    """
+    if mean is None:
+        return sample
+    if warm:
+        return min(mean, sample)
+    return (1 - alpha) * mean + alpha * min(sample, OUTLIER * mean)
+
+
 class PassCosts:
     """Measured seconds of one target pass by its token count n.
 
-    ``record(n, s)`` keeps an exponential moving average per n (weight
-    ``alpha`` for the new sample); ``estimate(n)`` interpolates linearly
-    between measured n, extends past the largest with the slope of the last
-    segment (never below the last value) and below the smallest with the
-    smallest's value. Units: seconds.
+    ``record(n, s)`` keeps a running mean per n (``running_cost``: the second sample replaces a slower
+    first one, then an exponential moving average of weight ``alpha`` with outliers capped);
+    ``estimate(n)`` interpolates linearly between measured n, extends past the largest with the slope
+    of the last segment (never below the last value) and below the smallest with the smallest's
+    value. Units: seconds.
     """
 
     def __init__(self, alpha: float = 0.3):
         self.alpha = alpha
         self._mean: dict[int, float] = {}
+        self._count: dict[int, int] = {}
 
     def record(self, n: int, seconds: float) -> None:
         """Add one measured pass of ``n`` tokens (n ≥ 1) that took ``seconds``."""
         if n < 1 or not seconds > 0:
             return
-        old = self._mean.get(n)
-        self._mean[n] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        count = self._count.get(n, 0)
+        self._mean[n] = running_cost(self._mean.get(n), seconds, self.alpha, count == 1)
+        self._count[n] = count + 1
 
     def known(self, n: int) -> bool:
         """Whether a pass of exactly ``n`` tokens was measured."""
@@ -162,6 +188,8 @@ class AutoBudget:
     Args:
         first_probe: budget of the first speculative step, before any statistics.
     Attributes:
+        defer_prompt: the last ``plan`` captured the prompt for a probe only (its rows wait in the
+            drafter's queue instead of being injected at the prefill).
         probing: the last ``choose`` returned a probe (the engine then drafts
             only ``B`` deep instead of computing the whole gain curve).
         capture: whether the step of the last ``choose`` has the target capture the drafter's
@@ -184,18 +212,19 @@ class AutoBudget:
     first_probe: int = 1
     probe_min: int = 8
     probe_max: int = 256
-    recheck: int = 8
+    recheck: int = 32
     window: int = 32
-    overhead: float = 0.01
+    overhead: float = 0.005
     probe_cap: int = 4096
     alpha: float = 0.2
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
-    accepted: float = 0.0
-    predicted: float = 0.0
+    accepted: float = 1.0   # running means of accepted and predicted drafted tokens per speculative
+    predicted: float = 1.0  # step, from a prior of one each (``ratio``)
     probing: bool = False
     capture: bool = True
+    defer_prompt: bool = False
     probe_cost: float | None = None
     plain_s: float | None = None
     _since_probe: int = 0
@@ -205,28 +234,39 @@ class AutoBudget:
     _spec: bool = False     # the last choice was a speculative budget (not a probe)
     _warming: bool = False  # capturing ahead of a speculative step that found the drafter behind
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
+    _n_spec: int = 0        # speculative steps observed (the first one's drafting time is a warm-up)
+    _n_cycles: int = 0      # probe cycles closed (the first one's cost is a warm-up)
 
     def __post_init__(self):
         self._probe_every = self.probe_min
 
     @property
     def ratio(self) -> float:
-        """Calibration r = accepted / predicted (1 before data), clamped to [0.02, 2]."""
+        """Calibration r = accepted / predicted, clamped to [0.02, 2]: running means (weight ``alpha``)
+        that start from a prior of one token each, so that r starts at 1 and no single probe sends it to
+        a bound (a missed one-token probe used to set r to its floor, 0.02, and speculation then never
+        looked worth a try on a set where it pays: HumanEval on the H200, 2026-12-02)."""
         if self.predicted <= 0:
             return 1.0
         return float(np.clip(self.accepted / self.predicted, 0.02, 2.0))
 
     def plan(self, max_tokens: int, k_max: int) -> bool:
-        """Whether a generation of ``max_tokens`` tokens (the prefill's included) with budgets up to
-        ``k_max`` may reach a speculative step (speculation pays now, or a probe falls in it): then its
-        prefill captures the prompt's features for the drafter, else nothing is captured until a
-        probe comes near (``begin``)."""
+        """Whether the prefill of a generation of ``max_tokens`` tokens (the prefill's included) with
+        budgets up to ``k_max`` captures the prompt's features for the drafter: when speculation pays
+        now, or the next probe falls within the generation (the probe then drafts with the prompt in the
+        drafter's cache; without it, as measured on the H200 on 2026-12-02, probes on code drafted
+        worse). Otherwise nothing is captured until a probe comes near (``begin``). Sets
+        ``defer_prompt``: the prompt is captured for a probe only, so its rows are queued
+        (``DFlashDrafter.defer``) and injected when the probe's warm-up begins, or never when the
+        generation ends first."""
         k_max = min(k_max, max_tokens - 1)
+        self.defer_prompt = False
         if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
         if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max) > 0:
             return True
-        return self._probe_every + 1 - self._since_probe <= max_tokens - 2
+        self.defer_prompt = True
+        return self._probe_every - self._since_probe <= max_tokens - 3  # as its first ``choose`` will count
 
     def begin(self, captured: bool) -> None:
         """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
@@ -312,7 +352,7 @@ class AutoBudget:
         but a plain one without capture or switch; a probe closes the cycle (``probe_cost``)."""
         a = self.alpha
         if not (rec.speculative or rec.capture or rec.switched):
-            self.plain_s = rec.t_step if self.plain_s is None else (1 - a) * self.plain_s + a * rec.t_step
+            self.plain_s = running_cost(self.plain_s, rec.t_step, a, False)
             return
         c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
         if c1 is None:
@@ -322,8 +362,8 @@ class AutoBudget:
             return
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
-            cost = max(self._cycle, 0.0)
-            self.probe_cost = cost if self.probe_cost is None else (1 - a) * self.probe_cost + a * cost
+            self.probe_cost = running_cost(self.probe_cost, max(self._cycle, 0.0), a, self._n_cycles == 1)
+            self._n_cycles += 1
             self._cycle = 0.0
             self._probe_every = self._spacing(self._probe_every)
 
@@ -338,11 +378,12 @@ class AutoBudget:
         a = self.alpha
         self._plain_kept = 0
         self.costs.record(n_nodes, verify_s)
-        self.draft_s = draft_s if self.draft_s is None else (1 - a) * self.draft_s + a * draft_s
+        self.draft_s = running_cost(self.draft_s, draft_s, a, self._n_spec == 1)
+        self._n_spec += 1
         self.curve = self._blend(self.curve, curve, a)
         pred = float(curve[budget - 1]) if budget >= 1 else 0.0
-        self.accepted = (1 - a) * self.accepted + a * accepted if self.predicted else float(accepted)
-        self.predicted = (1 - a) * self.predicted + a * pred if self.predicted else pred
+        self.accepted = (1 - a) * self.accepted + a * accepted
+        self.predicted = (1 - a) * self.predicted + a * pred
 
     def _curve(self, k_max: int) -> np.ndarray:
         return extrapolate(self.curve[:k_max], k_max)

@@ -44,6 +44,9 @@ class GenerationStats:
     n_step_tokens: int = 0     # tokens emitted by those passes
     n_drafted: int = 0         # draft tokens submitted for verification
     n_spec_steps: int = 0      # passes that verified a draft (the others were plain decoding steps)
+    n_probes: int = 0          # speculative passes that were the automatic budget's probes
+    n_capture_steps: int = 0   # plain passes that captured the drafter's features (auto: warm-ups)
+    n_switches: int = 0        # passes before which the capture was turned on or off
     t_prefill: float = 0.0
     t_draft: float = 0.0
     t_verify: float = 0.0
@@ -57,6 +60,9 @@ class GenerationStats:
         self.n_step_tokens += len(rec.tokens)
         self.n_drafted += rec.n_nodes - 1
         self.n_spec_steps += rec.speculative
+        self.n_probes += rec.probe
+        self.n_capture_steps += rec.capture and not rec.speculative
+        self.n_switches += rec.switched
         self.t_draft += rec.t_draft
         self.t_verify += rec.t_verify
         for phase, seconds in rec.phases.items():
