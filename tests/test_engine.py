@@ -314,26 +314,3 @@ def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, m
     finally:
         e.close()
 
-
-def test_a_prompt_captured_for_a_probe_waits_in_the_drafter_queue(models, plain):
-    """While plain decoding wins, a prompt captured only because a probe falls within the generation is
-    queued in the drafter, not injected at the prefill: it goes in when the probe's warm-up begins, and
-    a generation that cannot reach its probe captures nothing. The output stays plain decoding's."""
-    from test_budget import _weak_auto
-
-    e = Engine(models["target"], models["drafter"], n_ctx=512)
-    try:
-        e.auto = _weak_auto(probe_min=20, probe_max=20, probe_cap=20, window=4)
-        ids = e.prompt_tokens(PROMPTS[0])
-        stream = e.generate_ids(ids, 40, SamplingParams())
-        first = next(stream)  # the prefill is done
-        assert e.auto.defer_prompt and e.drafter.pending == len(ids) and e.drafter.n_injected == 0
-        out = [first, *stream]
-        assert out == run_ids(plain, PROMPTS[0], 40)
-        assert e.stats.n_probes == 1 and e.drafter.n_injected > len(ids)  # the probe got the prompt
-        e.auto = _weak_auto(probe_min=20, probe_max=20, probe_cap=20, window=4)
-        short = list(e.generate_ids(ids, 8, SamplingParams()))  # the probe lies beyond 8 tokens
-        assert e.drafter.pending == 0 and e.drafter.n_injected == 0 and e.stats.n_capture_steps == 0
-        assert short == out[:8]
-    finally:
-        e.close()

@@ -260,9 +260,7 @@ class Engine:
             set_capture(tgt, dft, captured)
             if auto is not None:
                 auto.begin(captured)
-        # the prompt's rows into the drafter: queued when only a probe may need them (AutoBudget.defer_prompt)
-        write = (dft.defer if auto is not None and auto.defer_prompt else dft.inject) if dft else None
-        on_chunk = (lambda s, n: write(tgt.features(slice(0, n), n), s)) if dft and tgt.feature_layers else None
+        on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft and tgt.feature_layers else None
         # the target's choice per row in its graph: the argmax (greedy_argmax) or the seeded draw
         if sp.greedy:
             backend = self.backend_argmax and tgt.attach_argmax(self._max_rows())

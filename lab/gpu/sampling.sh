@@ -11,6 +11,8 @@
 #           each set, 256 tokens (tfm-bench --samplings)
 #   t1      the same modes and ddtree@16 at T = 1 / top-p 1, and plain greedy for the ratio
 #   div     lab/gpu/divergence.py: DDTree@64/@128 against plain greedy, and the pass spread per size
+#   prof    lab/gpu/auto_overhead.py: plain against auto on 10 HumanEval and 10 MT-Bench prompts, the
+#           probes one by one and the Python functions whose time differs
 # Results (JSON and logs) are copied to $OUT at the end of each call.
 set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
@@ -31,6 +33,7 @@ case $stage in
   bench) cmd="$B --modes plain,auto,ddtree@auto --samplings 'greedy;t=0.7,top_p=0.95' -n 40 --max-tokens 256 --json $ST/bench-sampling.json" ;;
   t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
   div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;
+  prof) cmd="for s in humaneval mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\$s.json; done" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 if [ ! -e "$ST/sampling-$stage.pid" ]; then
@@ -41,6 +44,6 @@ fi
 end=$((SECONDS + wait_s))
 while [ ! -e "$ST/sampling-$stage.done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
 cp "$ST"/sampling-$stage.* "$O"/ 2>/dev/null
-cp "$ST"/bench-*.json "$ST"/divergence.json "$O"/ 2>/dev/null
+cp "$ST"/bench-*.json "$ST"/divergence.json "$ST"/auto-overhead-*.json "$O"/ 2>/dev/null
 [ -e "$ST/sampling-$stage.done" ] && cat "$ST/sampling-$stage.done" || echo "still running"
 tail -c 6000 "$ST/sampling-$stage.log"

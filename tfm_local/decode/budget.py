@@ -18,7 +18,13 @@ costs. Per step, with a budget of B drafted tokens:
   exactly this sum); for the chain, Σ_k Π_{j≤k} p_j of the top-1 tokens.
   Averaged over recent steps.
 * ``r``: calibration, running accepted / predicted at the budgets used (the
-  drafter is rarely calibrated; above temperature 0 acceptance also differs).
+  drafter is rarely calibrated; above temperature 0 acceptance also differs),
+  from a prior of one token each, so that one missed probe does not send it to
+  its floor.
+
+The running costs (c, d, the probe cycle's) forget their first sample (on a
+GPU the first pass of a shape captures its CUDA graph: 26 ms for a pass that
+then takes 1.9) and cap later outliers at twice the mean (``running_cost``).
 
 When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
@@ -66,23 +72,23 @@ def running_cost(mean: float | None, sample: float, alpha: float, warm: bool) ->
 
     ``warm``: the mean so far holds only the first sample, which carries one-time costs (on a GPU the
     first pass of a shape captures its CUDA graph and allocates: 26 ms for a 2-token pass that then
-    takes 1.9 ms, a first drafter call of 19 ms against 2 ms; H200, 2026-12-02): the lower of the two
-    replaces it. Later samples enter an exponential moving average (weight ``alpha``), each capped at
+    takes 1.9 ms, a first drafter call of 19 ms against 2 ms; H200, 2026-12-02): the second sample
+    replaces it (not the lower of the two: that would bias the costs low). Later samples enter an exponential moving average (weight ``alpha``), each capped at
     ``OUTLIER`` times the mean, so that a single slow step cannot price speculation out for hundreds of
     steps while a real change (a slower machine, a longer context) still comes through within a few.
     """
     if mean is None:
         return sample
     if warm:
-        return min(mean, sample)
+        return sample
     return (1 - alpha) * mean + alpha * min(sample, OUTLIER * mean)
 
 
 class PassCosts:
     """Measured seconds of one target pass by its token count n.
 
-    ``record(n, s)`` keeps a running mean per n (``running_cost``: the second sample replaces a slower
-    first one, then an exponential moving average of weight ``alpha`` with outliers capped);
+    ``record(n, s)`` keeps a running mean per n (``running_cost``: the second sample replaces the
+    first, then an exponential moving average of weight ``alpha`` with outliers capped);
     ``estimate(n)`` interpolates linearly between measured n, extends past the largest with the slope
     of the last segment (never below the last value) and below the smallest with the smallest's
     value. Units: seconds.
@@ -188,8 +194,6 @@ class AutoBudget:
     Args:
         first_probe: budget of the first speculative step, before any statistics.
     Attributes:
-        defer_prompt: the last ``plan`` captured the prompt for a probe only (its rows wait in the
-            drafter's queue instead of being injected at the prefill).
         probing: the last ``choose`` returned a probe (the engine then drafts
             only ``B`` deep instead of computing the whole gain curve).
         capture: whether the step of the last ``choose`` has the target capture the drafter's
@@ -224,7 +228,6 @@ class AutoBudget:
     predicted: float = 1.0  # step, from a prior of one each (``ratio``)
     probing: bool = False
     capture: bool = True
-    defer_prompt: bool = False
     probe_cost: float | None = None
     plain_s: float | None = None
     _since_probe: int = 0
@@ -255,17 +258,14 @@ class AutoBudget:
         budgets up to ``k_max`` captures the prompt's features for the drafter: when speculation pays
         now, or the next probe falls within the generation (the probe then drafts with the prompt in the
         drafter's cache; without it, as measured on the H200 on 2026-12-02, probes on code drafted
-        worse). Otherwise nothing is captured until a probe comes near (``begin``). Sets
-        ``defer_prompt``: the prompt is captured for a probe only, so its rows are queued
-        (``DFlashDrafter.defer``) and injected when the probe's warm-up begins, or never when the
-        generation ends first."""
+        worse). Otherwise nothing is captured until a probe comes near (``begin``). The prompt's rows
+        go into the drafter at the prefill: queued for the probe instead, their injection (a drafter
+        pass over the whole prompt, ~0.3 s on the 2-core CPU) stalled the stream mid-generation."""
         k_max = min(k_max, max_tokens - 1)
-        self.defer_prompt = False
         if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
         if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max) > 0:
             return True
-        self.defer_prompt = True
         return self._probe_every - self._since_probe <= max_tokens - 3  # as its first ``choose`` will count
 
     def begin(self, captured: bool) -> None:
@@ -343,7 +343,7 @@ class AutoBudget:
         if rec.speculative:
             self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft - rec.t_sync, rec.curve, rec.budget,
                               rec.n_accepted)
-        elif not rec.switched:  # a switch's scheduler re-reserve is no pass cost
+        elif not rec.switched:  # a switch may re-plan the graph (the first capture): no pass cost
             self.observe_plain(rec.t_verify)
         self._account(rec)
 

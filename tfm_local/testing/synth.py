@@ -39,9 +39,11 @@ GEMMA3_POST_NORM_GAIN = 8.0
 
 
 def _common_hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_embd: int, n_head: int,
-                       n_head_kv: int, n_ff: int, n_ctx_train: int, rope_base: float) -> None:
-    """The keys every tiny decoder has: name, sizes, head counts, rope base, RMS eps, F32 file type."""
-    writer.add_name(f"tfm-tiny-{arch}")
+                       n_head_kv: int, n_ff: int, n_ctx_train: int, rope_base: float, name: str | None = None,
+                       file_type: gguf.LlamaFileType = gguf.LlamaFileType.ALL_F32) -> None:
+    """The keys every synthetic decoder has: name (default ``tfm-tiny-{arch}``), sizes, head counts, rope
+    base, RMS eps, file type (default F32)."""
+    writer.add_name(name or f"tfm-tiny-{arch}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
@@ -50,7 +52,7 @@ def _common_hparams_to(writer: gguf.GGUFWriter, arch: str, *, n_layer: int, n_em
     writer.add_head_count_kv(n_head_kv)
     writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(file_type)
 
 
 def _write_all(writer: gguf.GGUFWriter, vocab: "TinyVocab", tensors: dict[str, np.ndarray],

@@ -1,0 +1,110 @@
+"""Where the automatic budget's time goes while it decodes plainly: plain decoding against ``auto`` (or
+``ddtree@auto``) on the same prompts, interleaved prompt by prompt, with the host's Python profiled.
+
+Prints, per mode, the step's phases (ms a step, as tfm-bench), the budget's counters (probes, capturing
+plain steps, capture switches), the probes one by one (verify and drafting time, accepted / predicted,
+the calibration r, the probe cycle's cost and the gap to the next probe), and the Python functions whose
+time per step differs most between the modes (cProfile, own time). Runs on the CPU too (slowly).
+
+    python3 lab/gpu/auto_overhead.py --target ~/w/model.gguf --set humaneval -n 10 --tokens 256 \
+        --mode auto --out ~/st/auto-overhead.json
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter", default="auto")
+    ap.add_argument("--set", default="humaneval")
+    ap.add_argument("-n", type=int, default=10, help="prompts")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--mode", default="auto", help="auto or ddtree@auto")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None, help="JSON file")
+    a = ap.parse_args()
+
+    from tfm_local.decode import budget as budget_module
+    from tfm_local.decode.sampling import SamplingParams
+    from tfm_local.engine import Engine
+    from tfm_local.files.datasets import load_prompt_set
+
+    probes = []
+    real_observe_spec = budget_module.AutoBudget.observe_spec
+
+    def observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted):
+        was_probe = self.probing
+        real_observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted)
+        probes.append(dict(probe=was_probe, n_nodes=n_nodes, verify_ms=1e3 * verify_s, draft_ms=1e3 * draft_s,
+                           budget=budget, accepted=accepted, predicted=float(curve[budget - 1]),
+                           ratio=self.ratio, draft_mean_ms=1e3 * self.draft_s,
+                           probe_cost_ms=None if self.probe_cost is None else 1e3 * self.probe_cost,
+                           probe_every=self._probe_every))
+
+    budget_module.AutoBudget.observe_spec = observe_spec
+    tree = "ddtree" if a.mode.startswith("ddtree") else "chain"
+    eng = Engine(a.target, a.drafter, budget="auto", tree=tree, n_threads=a.threads)
+    prompts = load_prompt_set(a.set, a.n)
+    sp = SamplingParams()
+    modes = {"plain": 0, a.mode: "auto"}
+    prof = {m: cProfile.Profile() for m in modes}
+    rows = {m: [] for m in modes}
+    for p in prompts[:1]:  # warm-up of both modes' shapes, untimed
+        for m, b in modes.items():
+            eng.set_budget(b)
+            list(eng.generate_ids(eng.prompt_tokens(p.messages), 16, sp))
+    probes.clear()
+    t0 = time.time()
+    for p in prompts:
+        ids = eng.prompt_tokens(p.messages)
+        for m, b in modes.items():
+            eng.set_budget(b)
+            prof[m].enable()
+            list(eng.generate_ids(ids, a.tokens, sp))
+            prof[m].disable()
+            rows[m].append(eng.stats.to_dict())
+    out = dict(command=" ".join(__import__("sys").argv), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               elapsed_s=time.time() - t0, modes={}, probes=probes)
+    own = {}
+    for m, rs in rows.items():
+        steps = sum(r["n_steps"] for r in rs)
+        toks = sum(r["n_step_tokens"] for r in rs)
+        t = sum(r["t_decode"] for r in rs)
+        phases = {k: 1e3 * sum(r["t_phases"][k] for r in rs) / steps for k in rs[0]["t_phases"]}
+        phases["other"] = 1e3 * sum(r["t_other_phases"] for r in rs) / steps
+        counts = {k: sum(r.get(k, 0) for r in rs) for k in ("n_spec_steps", "n_probes", "n_capture_steps", "n_switches")}
+        out["modes"][m] = dict(steps=steps, tokens=toks, tokens_per_s=toks / t, ms_per_step=phases, **counts)
+        st = pstats.Stats(prof[m])
+        own[m] = {f"{fn[0].split('/')[-1]}:{fn[1]}({fn[2]})": v[2] / steps * 1e6 for fn, v in st.stats.items()}
+    base = out["modes"]["plain"]["tokens_per_s"]
+    print(f"{'mode':<14}{'tok/s':>8}{'x plain':>9}  steps  spec probes capture switches  ms/step: "
+          + " ".join(out["modes"]["plain"]["ms_per_step"]))
+    for m, d in out["modes"].items():
+        print(f"{m:<14}{d['tokens_per_s']:>8.1f}{d['tokens_per_s'] / base:>9.3f}  {d['steps']:>5} {d['n_spec_steps']:>5}"
+              f" {d['n_probes']:>6} {d['n_capture_steps']:>7} {d['n_switches']:>8}  "
+              + " ".join(f"{v:.3f}" for v in d["ms_per_step"].values()))
+    print("\nspeculative steps (probe, nodes, verify ms, draft ms, accepted / predicted, r, probe cost ms, gap)")
+    for q in probes[:40]:
+        print(f"  {'probe' if q['probe'] else 'spec '} {q['n_nodes']:>3} {q['verify_ms']:7.2f} {q['draft_ms']:7.2f}"
+              f"  {q['accepted']} / {q['predicted']:.2f}  r {q['ratio']:.2f}  "
+              f"{q['probe_cost_ms'] if q['probe_cost_ms'] is None else round(q['probe_cost_ms'], 2)}  {q['probe_every']}")
+    diff = {k: own[a.mode].get(k, 0.0) - own["plain"].get(k, 0.0) for k in set(own[a.mode]) | set(own["plain"])}
+    top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:20]
+    out["python_own_us_per_step_diff"] = dict(top)
+    print(f"\nPython own time per step, {a.mode} minus plain (µs, cProfile: inflated, compare the sizes)")
+    for k, v in top:
+        print(f"  {v:+8.2f}  {k}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1, default=float)
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
