@@ -62,11 +62,17 @@ def test_running_costs_forget_a_cold_first_sample_and_cap_outliers():
     assert running_cost(None, 0.5, 0.3, False) == 0.5 and running_cost(0.2, 0.5, 0.3, True) == 0.5
 
 
-def test_pass_costs_never_extrapolate_downwards():
+def test_pass_costs_never_fall_with_the_pass_size():
+    """A larger pass measured faster (noise) is priced as the smaller one: otherwise that size looks
+    like a bargain, the budget bets on it and loses."""
     c = PassCosts()
     c.record(1, 0.2)
-    c.record(8, 0.1)  # noise: a larger pass measured faster
-    assert c.estimate(64) == pytest.approx(0.1)
+    c.record(8, 0.1)
+    assert c.estimate(8) == pytest.approx(0.2) and c.estimate(64) == pytest.approx(0.2)
+    c.record(2, 0.3)
+    c.record(4, 0.25)
+    c.record(6, 0.4)
+    np.testing.assert_allclose(c.estimate(np.array([1, 2, 3, 4, 5, 6, 8])), [0.2, 0.3, 0.3, 0.3, 0.35, 0.4, 0.4])
 
 
 def test_gain_curve_is_prefix_sums_of_path_probabilities():

@@ -89,9 +89,10 @@ class PassCosts:
 
     ``record(n, s)`` keeps a running mean per n (``running_cost``: the second sample replaces the
     first, then an exponential moving average of weight ``alpha`` with outliers capped);
-    ``estimate(n)`` interpolates linearly between measured n, extends past the largest with the slope
-    of the last segment (never below the last value) and below the smallest with the smallest's
-    value. Units: seconds.
+    ``estimate(n)`` takes the running maximum of those means over increasing n (costs never fall with
+    n), interpolates linearly between measured n, extends past the largest with the slope of the last
+    segment (never below the last value) and below the smallest with the smallest's value. Units:
+    seconds.
     """
 
     def __init__(self, alpha: float = 0.3):
@@ -116,7 +117,9 @@ class PassCosts:
         if not self._mean:
             return None
         xs = np.array(sorted(self._mean), dtype=np.float64)
-        ys = np.array([self._mean[int(x)] for x in xs])
+        # a pass over more tokens never costs less: a size measured cheaper than a smaller one (a few
+        # noisy samples) would otherwise be the budget chosen, and the bet lose (the 2-core CPU)
+        ys = np.maximum.accumulate(np.array([self._mean[int(x)] for x in xs]))
         q = np.asarray(n, dtype=np.float64)
         out = np.interp(q, xs, ys)
         if len(xs) >= 2:
