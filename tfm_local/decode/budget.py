@@ -33,8 +33,8 @@ it costs one short drafter pass and one short verification; the gains of
 deeper budgets are then extrapolated from it (``extrapolate``). Between probes
 only the one-token cost changes, so a "plain" choice is re-evaluated every
 ``recheck`` (32) steps rather than on each (~60 µs of NumPy per evaluation,
-3% of a plain step on the H200 if done every step). The choice never changes the output: every
-step is verified losslessly.
+3% of a plain step on the H200 if done every step). The choice never changes
+the output: every step is verified losslessly.
 
 A plain stretch costs what plain decoding costs: the target captures no layer
 inputs for the drafter (``capture`` False: no features copy, no deferred row).
@@ -42,9 +42,9 @@ The drafter then misses those tokens, so capture turns back on ``window``
 plain steps before the next speculative step is due (a probe, or a decision
 that speculation pays): their rows are deferred and go in with one batched
 injection at the draft, and the skipped tokens before them are a hole the
-drafter closes up (draft.py). A switch of the capture costs one graph rebuild
-(patch 0013; it used to cost a scheduler re-reserve, ~10 ms on the 2-core CPU),
-and a stretch shorter than the window keeps the capture on. A generation's
+drafter closes up (draft.py). A switch of the capture changes nothing in the
+target's graph (patch 0013; it used to cost a scheduler re-reserve, ~10 ms on the
+2-core CPU); a stretch shorter than the window keeps the capture on. A generation's
 prompt is captured only when a speculative step can fall within it
 (``plan``). The probes are spaced by their measured
 cost: the time a probe cycle (its warm-up steps, the capture switches and the
@@ -73,9 +73,10 @@ def running_cost(mean: float | None, sample: float, alpha: float, warm: bool) ->
     ``warm``: the mean so far holds only the first sample, which carries one-time costs (on a GPU the
     first pass of a shape captures its CUDA graph and allocates: 26 ms for a 2-token pass that then
     takes 1.9 ms, a first drafter call of 19 ms against 2 ms; H200, 2026-12-02): the second sample
-    replaces it (not the lower of the two: that would bias the costs low). Later samples enter an exponential moving average (weight ``alpha``), each capped at
-    ``OUTLIER`` times the mean, so that a single slow step cannot price speculation out for hundreds of
-    steps while a real change (a slower machine, a longer context) still comes through within a few.
+    replaces it (not the lower of the two: that would bias the costs low). Later samples enter an
+    exponential moving average (weight ``alpha``), each capped at ``OUTLIER`` times the mean, so that
+    a single slow step cannot price speculation out for hundreds of steps while a real change (a
+    slower machine, a longer context) still comes through within a few.
     """
     if mean is None:
         return sample
@@ -260,8 +261,7 @@ class AutoBudget:
         """Whether the prefill of a generation of ``max_tokens`` tokens (the prefill's included) with
         budgets up to ``k_max`` captures the prompt's features for the drafter: when speculation pays
         now, or the next probe falls within the generation (the probe then drafts with the prompt in the
-        drafter's cache; without it, as measured on the H200 on 2026-12-02, probes on code drafted
-        worse). Otherwise nothing is captured until a probe comes near (``begin``). The prompt's rows
+        drafter's cache). Otherwise nothing is captured until a probe comes near (``begin``). The prompt's rows
         go into the drafter at the prefill: queued for the probe instead, their injection (a drafter
         pass over the whole prompt, ~0.3 s on the 2-core CPU) stalled the stream mid-generation."""
         k_max = min(k_max, max_tokens - 1)
