@@ -73,6 +73,17 @@ def test_a_twin_gets_a_random_drafter_that_drafts(tmp_path):
         t.close()
 
 
+def test_widths_off_the_256_block_take_llama_quantizes_fallbacks(tmp_path):
+    """Qwen2.5-0.5B is 896 wide: its 896-column matrices fall back to Q5_0 (from Q4_K) and its tied
+    embedding to Q8_0 (from Q6_K), as llama-quantize does; the 4864-column ffn_down keeps the K types."""
+    types = {n: q for n, _, q in twin_tensors(SHAPES["qwen2.5-0.5b"])}
+    assert types["token_embd.weight"] == QT.Q8_0 and types["blk.3.attn_q.weight"] == QT.Q5_0
+    assert {types[f"blk.{i}.ffn_down.weight"] for i in range(24)} == {QT.Q4_K, QT.Q6_K}
+    small = Shape(n_layer=2, n_embd=96, n_ff=256, n_head=2, n_head_kv=1, n_vocab=512, tied=True, n_ctx_train=256)
+    r = gguf.GGUFReader(write_twin_target(tmp_path / "t.gguf", small))
+    assert {t.name: t.tensor_type for t in r.tensors}["token_embd.weight"] == QT.Q8_0
+
+
 def test_shapes_parse_and_bad_ones_are_refused():
     assert parse_shape("qwen2.5-7b") == SHAPES["qwen2.5-7b"]
     assert parse_shape("2,256,512,4,2,1024") == Shape(2, 256, 512, 4, 2, 1024, False)

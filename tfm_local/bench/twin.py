@@ -102,7 +102,9 @@ def twin_tensors(shape: Shape) -> list[tuple[str, tuple[int, int] | tuple[int], 
     s = shape
     head_dim = s.n_embd // s.n_head
     n_kv = s.n_head_kv * head_dim
-    out = [("token_embd.weight", (s.n_vocab, s.n_embd), QT.Q6_K if s.tied else QT.Q4_K),
+    whole = s.n_embd % 256 == 0  # else llama-quantize's fallbacks: Q6_K -> Q8_0, Q4_K -> Q5_0
+    embd = (QT.Q6_K if whole else QT.Q8_0) if s.tied else (QT.Q4_K if whole else QT.Q5_0)
+    out = [("token_embd.weight", (s.n_vocab, s.n_embd), embd),
            ("output_norm.weight", (s.n_embd,), QT.F32)]
     if not s.tied:
         out.append(("output.weight", (s.n_vocab, s.n_embd), q4_k_m_type("output.weight", s.n_layer, s.n_embd)))
