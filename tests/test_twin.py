@@ -105,3 +105,25 @@ def test_the_default_targets_twin_has_its_tensor_types_and_shapes():
     real = {t.name: (t.tensor_type, tuple(int(x) for x in t.shape[::-1])) for t in r.tensors}
     twin = {n: (q, tuple(shp)) for n, shp, q in twin_tensors(SHAPES["qwen2.5-coder-1.5b"])}
     assert twin == real
+
+
+def test_the_command_refuses_bad_input_before_writing_anything(tmp_path, capsys):
+    from tfm_local.bench.twin import main
+
+    cases = [(["--shape", "2,256,512,4,2,1024", "--drafter-type", "q9"], "--drafter-type"),
+             (["--shape", "2,256,512,4,2,10"], "n_vocab"),
+             (["--shape", "2,256,512,4,2,1024", "--drafter-layers", "-1"], "--drafter-layers"),
+             (["--shape", "2,256,512,4,2,1024", "--seed", "-3"], "--seed"),
+             (["--shape", "2,258,512,4,2,1024"], "divisible"),
+             (["--shape", "2,96,256,32,2,1024"], "even")]
+    for i, (args, msg) in enumerate(cases):
+        out = tmp_path / f"o{i}"
+        with pytest.raises(SystemExit) as e:
+            main([*args, "--out", str(out)])
+        assert msg in str(e.value.code) and str(e.value.code).startswith("tfm-bench-twin: ")
+        assert not (out / "target.gguf").exists() and not list(out.glob(".*.tmp")) if out.exists() else True
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit, match="not a folder"):
+        main(["--shape", "2,256,512,4,2,1024", "--out", str(tmp_path / "file")])
+    main(["--shape", "2,256,512,4,2,1024", "--out", str(tmp_path / "ok"), "--drafter-layers", "0"])
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == ["target.gguf"]

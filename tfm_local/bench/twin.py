@@ -122,22 +122,37 @@ def twin_tensors(shape: Shape) -> list[tuple[str, tuple[int, int] | tuple[int], 
 
 
 def write_twin_target(path: str | Path, shape: Shape, seed: int = 0) -> Path:
-    """Write the twin target GGUF of ``shape`` to ``path`` (streamed: one tensor in memory at a time).
+    """Write the twin target GGUF of ``shape`` to ``path``, atomically (``files.atomic.atomic_output``:
+    the file appears complete or not at all), streamed (one tensor in memory at a time).
 
-    Returns the path. Raises ValueError for inconsistent head counts."""
-    from ..testing.synth import CHATML_TEMPLATE, TinyVocab, _common_hparams_to
+    Returns the path. Raises ValueError for inconsistent head counts, a vocabulary smaller than the
+    synthetic tokenizer's used tokens (``TinyVocab``), or a negative seed; ``OutputPathError`` /
+    ``OSError`` for a path that cannot be written."""
+    from ..files.atomic import atomic_output
+    from ..testing.synth import CHATML_TEMPLATE, TinyVocab
 
     s = shape
     if s.n_embd % s.n_head or s.n_head % s.n_head_kv:
         raise ValueError("n_embd must be divisible by n_head and n_head by n_head_kv")
-    path = Path(path)
-    rng = np.random.default_rng(seed)
+    if (s.n_embd // s.n_head) % 2:
+        raise ValueError(f"the head size n_embd / n_head = {s.n_embd // s.n_head} must be even (rotary embeddings)")
+    if seed < 0:
+        raise ValueError(f"the seed must be >= 0, got {seed}")
+    vocab = TinyVocab(n_vocab=s.n_vocab)
+    with atomic_output(path) as tmp:
+        _write(tmp, s, vocab, np.random.default_rng(seed), CHATML_TEMPLATE)
+    return Path(path)
+
+
+def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str) -> None:
+    from ..testing.synth import _common_hparams_to
+
     tensors = twin_tensors(s)
     w = gguf.GGUFWriter(str(path), "qwen2")
     _common_hparams_to(w, "qwen2", n_layer=s.n_layer, n_embd=s.n_embd, n_head=s.n_head, n_head_kv=s.n_head_kv,
                        n_ff=s.n_ff, n_ctx_train=s.n_ctx_train, rope_base=s.rope_base,
                        name=f"tfm-twin-qwen2-{s.n_layer}x{s.n_embd}", file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    TinyVocab(n_vocab=s.n_vocab).write_to(w, CHATML_TEMPLATE)
+    vocab.write_to(w, template)
     for name, shp, qt in tensors:
         if qt == QT.F32:
             w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)
@@ -155,7 +170,6 @@ def write_twin_target(path: str | Path, shape: Shape, seed: int = 0) -> Path:
             data = random_blocks(rng, shp[0], shp[1], qt)
         w.write_tensor_data(data)
     w.close()
-    return path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -190,18 +204,28 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     try:
         shape = parse_shape(a.shape)
-    except ValueError as e:
-        sys.exit(f"tfm-bench-twin: {e}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    target = write_twin_target(out / "target.gguf", shape, a.seed)
-    print(f"wrote {target} ({target.stat().st_size / 2**30:.2f} GiB, {asdict(shape)})")
-    if a.drafter_layers > 0:
-        from tfm_convert.pipeline import init_random
+        if a.drafter_layers < 0:
+            raise ValueError(f"--drafter-layers must be >= 0, got {a.drafter_layers}")
+        if a.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {a.seed}")
+        from tfm_convert.writer import OUTTYPES
 
-        drafter, _ = init_random(target, out / "drafter.gguf", layers=a.drafter_layers, seed=a.seed,
-                                 outtype=a.drafter_type)
-        print(f"wrote {drafter} ({drafter.stat().st_size / 2**30:.2f} GiB)")
+        if a.drafter_layers and a.drafter_type not in OUTTYPES:
+            raise ValueError(f"--drafter-type must be one of {sorted(OUTTYPES)}, got {a.drafter_type!r}")
+        out = Path(a.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        target = write_twin_target(out / "target.gguf", shape, a.seed)
+        print(f"wrote {target} ({target.stat().st_size / 2**30:.2f} GiB, {asdict(shape)})")
+        if a.drafter_layers > 0:
+            from tfm_convert.pipeline import init_random
+
+            drafter, _ = init_random(target, out / "drafter.gguf", layers=a.drafter_layers, seed=a.seed,
+                                     outtype=a.drafter_type)
+            print(f"wrote {drafter} ({drafter.stat().st_size / 2**30:.2f} GiB)")
+    except (ValueError, OSError) as e:  # ConvertError is a ValueError; OutputPathError an OSError
+        sys.exit(f"tfm-bench-twin: {e}")
 
 
 if __name__ == "__main__":
