@@ -19,7 +19,8 @@ def test_more_bits_follow_the_file_order_of_layers():
     more = [i for i in range(28) if use_more_bits(file_rank(i, 28), 28)]
     assert q4_k_m_type("blk.10.attn_v.weight", 28, 1536) == QT.Q6_K and 10 in more and 11 not in more
     assert q4_k_m_type("blk.11.ffn_down.weight", 28, 8960) == QT.Q4_K
-    assert q4_k_m_type("output.weight", 28, 1536) == QT.Q6_K and q4_k_m_type("output.weight", 28, 100) == QT.Q8_0
+    assert q4_k_m_type("output.weight", 28, 1536) == QT.Q6_K and q4_k_m_type("output.weight", 28, 96) == QT.Q8_0
+    assert q4_k_m_type("output.weight", 28, 100) == QT.F16  # not even whole 32-blocks
     assert q4_k_m_type("blk.3.attn_q.weight", 28, 1536) == QT.Q4_K
 
 
@@ -122,8 +123,33 @@ def test_the_command_refuses_bad_input_before_writing_anything(tmp_path, capsys)
             main([*args, "--out", str(out)])
         assert msg in str(e.value.code) and str(e.value.code).startswith("tfm-bench-twin: ")
         assert not (out / "target.gguf").exists() and not list(out.glob(".*.tmp")) if out.exists() else True
+    with pytest.raises(SystemExit, match="at least 2 layers"):
+        main(["--shape", "1,256,512,4,2,1024", "--out", str(tmp_path / "one")])
+    with pytest.raises(SystemExit, match="empty"):
+        main(["--shape", "2,256,512,4,2,1024", "--out", ""])
     (tmp_path / "file").write_text("x")
     with pytest.raises(SystemExit, match="not a folder"):
         main(["--shape", "2,256,512,4,2,1024", "--out", str(tmp_path / "file")])
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "drafter.gguf").write_text("an earlier twin's")
     main(["--shape", "2,256,512,4,2,1024", "--out", str(tmp_path / "ok"), "--drafter-layers", "0"])
     assert [p.name for p in (tmp_path / "ok").iterdir()] == ["target.gguf"]
+
+
+def test_narrow_rows_fall_back_to_f16_and_oversized_twins_are_refused(tmp_path):
+    from tfm_local.bench.twin import MAX_BYTES, check_shape, twin_bytes
+    from tfm_local.decode.verify import Target
+
+    narrow = Shape(n_layer=2, n_embd=80, n_ff=100, n_head=4, n_head_kv=2, n_vocab=512, tied=True, n_ctx_train=256)
+    types = {n: q for n, _, q in twin_tensors(narrow)}
+    assert types["token_embd.weight"] == QT.F16 and types["blk.0.ffn_down.weight"] == QT.F16
+    t = Target(write_twin_target(tmp_path / "n.gguf", narrow), n_ctx=64, n_batch=16, n_threads=1)
+    try:
+        assert np.isfinite(np.array(t.prefill([5, 6, 7]))).all()
+    finally:
+        t.close()
+    assert twin_bytes(SHAPES["qwen2.5-coder-1.5b"]) < (2 << 30) < twin_bytes(SHAPES["qwen2.5-7b"]) < MAX_BYTES
+    with pytest.raises(ValueError, match="GiB"):
+        check_shape(Shape(16, 65536, 65536, 256, 8, 400, False))
+    with pytest.raises(ValueError, match="at most"):
+        check_shape(Shape(2, 64, 128, 4, 2, 100_000_000_000, False))

@@ -15,6 +15,7 @@ the real vocabulary size with unused tokens, so the LM head has the real size. I
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,13 +69,17 @@ def q4_k_m_type(name: str, n_layer: int, n_cols: int) -> QT:
     """The type llama-quantize gives tensor ``name`` (a 2-d weight with rows of ``n_cols`` values) in a
     Q4_K_M file of a dense qwen2 model with ``n_layer`` layers. Rows not a multiple of 256 fall back to
     Q8_0 for the output matrix (as llama-quant.cpp does) and to Q5_0 elsewhere (its Q4_K fallback)."""
-    k = n_cols % 256 == 0
-    if name == "output.weight":
-        return QT.Q6_K if k else QT.Q8_0
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-    if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(file_rank(layer, n_layer), n_layer):
-        return QT.Q6_K if k else QT.Q8_0
-    return QT.Q4_K if k else QT.Q5_0
+    more = name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(file_rank(layer, n_layer), n_layer)
+    return _fallback(QT.Q6_K if name == "output.weight" or more else QT.Q4_K, n_cols)
+
+
+def _fallback(qtype: QT, n_cols: int) -> QT:
+    """llama-quantize's ``tensor_type_fallback`` for rows of ``n_cols`` values: a K type needs rows of
+    whole 256-blocks, else Q4_K -> Q5_0 and Q6_K -> Q8_0, and F16 when even their 32-blocks do not fit."""
+    if n_cols % 256 == 0:
+        return qtype
+    return ({QT.Q4_K: QT.Q5_0, QT.Q6_K: QT.Q8_0}[qtype]) if n_cols % 32 == 0 else QT.F16
 
 
 def _scale_fields(qtype: QT) -> tuple[int, ...]:
@@ -102,8 +107,7 @@ def twin_tensors(shape: Shape) -> list[tuple[str, tuple[int, int] | tuple[int], 
     s = shape
     head_dim = s.n_embd // s.n_head
     n_kv = s.n_head_kv * head_dim
-    whole = s.n_embd % 256 == 0  # else llama-quantize's fallbacks: Q6_K -> Q8_0, Q4_K -> Q5_0
-    embd = (QT.Q6_K if whole else QT.Q8_0) if s.tied else (QT.Q4_K if whole else QT.Q5_0)
+    embd = _fallback(QT.Q6_K if s.tied else QT.Q4_K, s.n_embd)
     out = [("token_embd.weight", (s.n_vocab, s.n_embd), embd),
            ("output_norm.weight", (s.n_embd,), QT.F32)]
     if not s.tied:
@@ -131,17 +135,45 @@ def write_twin_target(path: str | Path, shape: Shape, seed: int = 0) -> Path:
     from ..files.atomic import atomic_output
     from ..testing.synth import CHATML_TEMPLATE, TinyVocab
 
-    s = shape
+    check_shape(shape)
+    if seed < 0:
+        raise ValueError(f"the seed must be >= 0, got {seed}")
+    vocab = TinyVocab(n_vocab=shape.n_vocab)
+    with atomic_output(path) as tmp:
+        try:
+            _write(tmp, shape, vocab, np.random.default_rng(seed), CHATML_TEMPLATE)
+        except OSError as e:
+            raise OSError(f"could not write {path}: {e.strerror or e}") from e
+    return Path(path)
+
+
+#: The largest twin written (bytes): the Qwen2.5-72B shape at Q4_K_M is ~47 GB.
+MAX_BYTES = 64 << 30
+
+
+def twin_bytes(shape: Shape) -> int:
+    """Bytes of the twin's tensor data (the file is a few MB more: the tokenizer and metadata)."""
+    total = 0
+    for _, shp, qt in twin_tensors(shape):
+        if qt in (QT.F32, QT.F16):
+            total += int(np.prod(shp)) * (4 if qt == QT.F32 else 2)
+        else:
+            block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+            total += shp[0] * (shp[1] // block) * nbytes
+    return total
+
+
+def check_shape(s: Shape) -> None:
+    """ValueError unless ``s`` is a shape llama.cpp's qwen2 graph runs and that fits ``MAX_BYTES``."""
     if s.n_embd % s.n_head or s.n_head % s.n_head_kv:
         raise ValueError("n_embd must be divisible by n_head and n_head by n_head_kv")
     if (s.n_embd // s.n_head) % 2:
         raise ValueError(f"the head size n_embd / n_head = {s.n_embd // s.n_head} must be even (rotary embeddings)")
-    if seed < 0:
-        raise ValueError(f"the seed must be >= 0, got {seed}")
-    vocab = TinyVocab(n_vocab=s.n_vocab)
-    with atomic_output(path) as tmp:
-        _write(tmp, s, vocab, np.random.default_rng(seed), CHATML_TEMPLATE)
-    return Path(path)
+    if s.n_layer > 1024 or s.n_vocab > 1 << 22:
+        raise ValueError(f"at most 1024 layers and {1 << 22} vocabulary entries, got {s.n_layer} and {s.n_vocab}")
+    size = twin_bytes(s)
+    if size > MAX_BYTES:
+        raise ValueError(f"the twin would be {size / 2**30:.1f} GiB, over the {MAX_BYTES >> 30} GiB this tool writes")
 
 
 def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str) -> None:
@@ -154,8 +186,9 @@ def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str)
                        name=f"tfm-twin-qwen2-{s.n_layer}x{s.n_embd}", file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M)
     vocab.write_to(w, template)
     for name, shp, qt in tensors:
-        if qt == QT.F32:
-            w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)
+        if qt in (QT.F32, QT.F16):
+            dt = np.dtype(np.float32 if qt == QT.F32 else np.float16)
+            w.add_tensor_info(name, shp, dt, int(np.prod(shp)) * dt.itemsize)
         else:
             block, nbytes = gguf.GGML_QUANT_SIZES[qt]
             w.add_tensor_info(name, (shp[0], shp[1] // block * nbytes), np.dtype(np.uint8),
@@ -166,6 +199,8 @@ def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str)
     for name, shp, qt in tensors:
         if qt == QT.F32:
             data = np.ones(shp, np.float32) if name.endswith("norm.weight") else np.zeros(shp, np.float32)
+        elif qt == QT.F16:
+            data = (rng.standard_normal(shp, dtype=np.float32) * 0.02).astype(np.float16)
         else:
             data = random_blocks(rng, shp[0], shp[1], qt)
         w.write_tensor_data(data)
@@ -174,7 +209,7 @@ def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str)
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="tfm-bench-twin", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="qwen2.5-7b", help=f"one of {', '.join(SHAPES)}, or N_LAYER,N_EMBD,N_FF,"
+    ap.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}, or N_LAYER,N_EMBD,N_FF,"
                     "N_HEAD,N_HEAD_KV,N_VOCAB[,tied]")
     ap.add_argument("--out", required=True, help="folder for target.gguf and drafter.gguf")
     ap.add_argument("--drafter-layers", type=int, default=5, help="layers of the random drafter (0: none)")
@@ -204,20 +239,32 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     try:
         shape = parse_shape(a.shape)
+        check_shape(shape)
         if a.drafter_layers < 0:
             raise ValueError(f"--drafter-layers must be >= 0, got {a.drafter_layers}")
+        if a.drafter_layers and shape.n_layer < 2:
+            raise ValueError("a drafter needs a target of at least 2 layers (give --drafter-layers 0)")
         if a.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {a.seed}")
         from tfm_convert.writer import OUTTYPES
 
         if a.drafter_layers and a.drafter_type not in OUTTYPES:
             raise ValueError(f"--drafter-type must be one of {sorted(OUTTYPES)}, got {a.drafter_type!r}")
+        if not a.out:
+            raise ValueError("--out is empty: give the folder to write target.gguf and drafter.gguf to")
         out = Path(a.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(out).free
+        if twin_bytes(shape) > free:
+            raise ValueError(f"the twin needs {twin_bytes(shape) / 2**30:.2f} GiB, {out} has {free / 2**30:.2f} GiB free")
         target = write_twin_target(out / "target.gguf", shape, a.seed)
         print(f"wrote {target} ({target.stat().st_size / 2**30:.2f} GiB, {asdict(shape)})")
+        stale = out / "drafter.gguf"
+        if a.drafter_layers == 0 and stale.exists():
+            stale.unlink()  # an earlier twin's drafter does not fit this target
+            print(f"removed {stale} (an earlier twin's drafter)")
         if a.drafter_layers > 0:
             from tfm_convert.pipeline import init_random
 
@@ -226,6 +273,8 @@ def main(argv=None) -> None:
             print(f"wrote {drafter} ({drafter.stat().st_size / 2**30:.2f} GiB)")
     except (ValueError, OSError) as e:  # ConvertError is a ValueError; OutputPathError an OSError
         sys.exit(f"tfm-bench-twin: {e}")
+    except MemoryError:
+        sys.exit("tfm-bench-twin: out of memory (a smaller shape or fewer --drafter-layers)")
 
 
 if __name__ == "__main__":
