@@ -67,8 +67,8 @@ def file_rank(layer: int, n_layer: int) -> int:
 
 def q4_k_m_type(name: str, n_layer: int, n_cols: int) -> QT:
     """The type llama-quantize gives tensor ``name`` (a 2-d weight with rows of ``n_cols`` values) in a
-    Q4_K_M file of a dense qwen2 model with ``n_layer`` layers. Rows not a multiple of 256 fall back to
-    Q8_0 for the output matrix (as llama-quant.cpp does) and to Q5_0 elsewhere (its Q4_K fallback)."""
+    Q4_K_M file of a dense qwen2 model with ``n_layer`` layers, its fallbacks for narrow rows included
+    (``_fallback``)."""
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
     more = name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(file_rank(layer, n_layer), n_layer)
     return _fallback(QT.Q6_K if name == "output.weight" or more else QT.Q4_K, n_cols)
@@ -153,14 +153,7 @@ MAX_BYTES = 64 << 30
 
 def twin_bytes(shape: Shape) -> int:
     """Bytes of the twin's tensor data (the file is a few MB more: the tokenizer and metadata)."""
-    total = 0
-    for _, shp, qt in twin_tensors(shape):
-        if qt in (QT.F32, QT.F16):
-            total += int(np.prod(shp)) * (4 if qt == QT.F32 else 2)
-        else:
-            block, nbytes = gguf.GGML_QUANT_SIZES[qt]
-            total += shp[0] * (shp[1] // block) * nbytes
-    return total
+    return sum(int(np.prod(gguf.quant_shape_to_byte_shape(shp, qt))) for _, shp, qt in twin_tensors(shape))
 
 
 def check_shape(s: Shape) -> None:
@@ -186,13 +179,8 @@ def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str)
                        name=f"tfm-twin-qwen2-{s.n_layer}x{s.n_embd}", file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M)
     vocab.write_to(w, template)
     for name, shp, qt in tensors:
-        if qt in (QT.F32, QT.F16):
-            dt = np.dtype(np.float32 if qt == QT.F32 else np.float16)
-            w.add_tensor_info(name, shp, dt, int(np.prod(shp)) * dt.itemsize)
-        else:
-            block, nbytes = gguf.GGML_QUANT_SIZES[qt]
-            w.add_tensor_info(name, (shp[0], shp[1] // block * nbytes), np.dtype(np.uint8),
-                              shp[0] * shp[1] // block * nbytes, raw_dtype=qt)
+        stored = gguf.quant_shape_to_byte_shape(shp, qt)  # bytes per row, whatever the type
+        w.add_tensor_info(name, stored, np.dtype(np.uint8), int(np.prod(stored)), raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -256,9 +244,9 @@ def main(argv=None) -> None:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(out).free
-        if twin_bytes(shape) > free:
-            raise ValueError(f"the twin needs {twin_bytes(shape) / 2**30:.2f} GiB, {out} has {free / 2**30:.2f} GiB free")
+        need, free = twin_bytes(shape), shutil.disk_usage(out).free
+        if need > free:
+            raise ValueError(f"the twin needs {need / 2**30:.2f} GiB, {out} has {free / 2**30:.2f} GiB free")
         target = write_twin_target(out / "target.gguf", shape, a.seed)
         print(f"wrote {target} ({target.stat().st_size / 2**30:.2f} GiB, {asdict(shape)})")
         stale = out / "drafter.gguf"

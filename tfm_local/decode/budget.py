@@ -78,9 +78,7 @@ def running_cost(mean: float | None, sample: float, alpha: float, warm: bool) ->
     a single slow step cannot price speculation out for hundreds of steps while a real change (a
     slower machine, a longer context) still comes through within a few.
     """
-    if mean is None:
-        return sample
-    if warm:
+    if mean is None or warm:
         return sample
     return (1 - alpha) * mean + alpha * min(sample, OUTLIER * mean)
 
