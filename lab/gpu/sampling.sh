@@ -18,7 +18,7 @@ set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
 . ~/env.sh
 export PYTHONPATH=$HOME/llama:$HOME/site:$PWD
-ST=${ST:-$HOME/st}; O=${OUT:-/tmp/out}; mkdir -p "$ST" "$O"
+ST=${ST:-$HOME/st}; mkdir -p "$ST"
 D=qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf
 [ -e tfm_local/assets/$D ] || cp ~/xfer/$D tfm_local/assets/$D   # not carried (size): from call 1
 T=~/w/model.gguf
@@ -36,14 +36,4 @@ case $stage in
   prof) cmd="for s in humaneval mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\$s.json; done" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-if [ ! -e "$ST/sampling-$stage.pid" ]; then
-  echo "$cmd" > "$ST/sampling-$stage.cmd"
-  setsid nohup bash -c "$cmd; echo rc \$? > $ST/sampling-$stage.done" > "$ST/sampling-$stage.log" 2>&1 < /dev/null &
-  echo $! > "$ST/sampling-$stage.pid"
-fi
-end=$((SECONDS + wait_s))
-while [ ! -e "$ST/sampling-$stage.done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
-cp "$ST"/sampling-$stage.* "$O"/ 2>/dev/null
-cp "$ST"/bench-*.json "$ST"/divergence.json "$ST"/auto-overhead-*.json "$O"/ 2>/dev/null
-[ -e "$ST/sampling-$stage.done" ] && cat "$ST/sampling-$stage.done" || echo "still running"
-tail -c 6000 "$ST/sampling-$stage.log"
+COLLECT="bench-*.json divergence.json auto-overhead-*.json" exec bash lab/gpu/run_stage.sh "sampling-$stage" "$wait_s" "$cmd"

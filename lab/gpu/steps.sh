@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The step-cost session: where a speculative step's time goes on the GPU, on the default pair and on a
+# random-weight twin of a 7B-class target (tfm-bench-twin). After lab/gpu/setup.sh, the CUDA build and
+# join.sh; run from the call's checkout, one stage per call (lab/gpu/run_stage.sh: detached, logged to
+# ~/st/steps-<stage>.log; call the same stage again to wait and collect). Results go to $OUT.
+#   usage: steps.sh STAGE [WAIT_SECONDS]
+#   twin    write the qwen2.5-7b twin and its random 5-layer q8_0 drafter to ~/w/twin7b (CPU only:
+#           start it right after setup.sh, beside the build; ~4.3 GB)
+#   prof    lab/gpu/step_profile.py (phases: wall, CUDA API calls, kernels, GPU busy) for plain, chain,
+#           DDTree@16 and @64 on the default pair and on the twin; tfm-bench-pass on the twin (n = 1 … 64,
+#           argmax and features); profile_passes on the twin (kernels per pass size)
+set -uo pipefail
+stage=${1:?stage}; wait_s=${2:-560}
+. ~/env.sh
+export PYTHONPATH=$HOME/llama:$HOME/site:$PWD
+ST=${ST:-$HOME/st}; mkdir -p "$ST"
+D=qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf
+[ -e tfm_local/assets/$D ] || cp ~/xfer/$D tfm_local/assets/$D 2>/dev/null  # not carried (size): from call 1
+T=~/w/model.gguf; W=~/w/twin7b
+SP="python3 lab/gpu/step_profile.py --modes plain,chain,ddtree@16,ddtree@64 --threads 4"
+case $stage in
+  twin) cmd="python3 -m tfm_local.bench.twin --shape qwen2.5-7b --out $W" ;;
+  prof) cmd="set -x
+    $SP --target $T --drafter auto --set humaneval -n 3 --tokens 128 --out $ST/step-profile-1.5b.json
+    $SP --target $W/target.gguf --drafter $W/drafter.gguf --set humaneval -n 2 --tokens 96 --out $ST/step-profile-7b.json
+    python3 -m tfm_local.bench.passes_cli --target $W/target.gguf --drafter $W/drafter.gguf --tokens 1,8,16,32,64 --variants argmax,features --threads 4 --json $ST/pass-7b.json
+    python3 -m tfm_local.bench.profile_passes --target $W/target.gguf --drafter $W/drafter.gguf --tokens 1,8,16,64 --threads 4 --json $ST/kernels-7b.json" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+COLLECT="step-profile-*.json pass-7b.json kernels-7b.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"
