@@ -438,3 +438,79 @@ def test_a_cold_start_and_a_missed_first_probe_do_not_price_speculation_out():
         spec.append(k > 0)
     assert n_probes >= 1 and auto.ratio > 0.5
     assert np.mean(spec[-300:]) > 0.9  # speculating, not probing now and then
+
+
+def _drive(auto: AutoBudget, n: int, use_stretch: bool, t: float = 0.03) -> list[tuple[int, bool]]:
+    """``n`` steps of plain decoding's cost ``t`` (probes 3t, no token gained) under ``auto``: each step
+    chosen and observed, or, with ``use_stretch``, the steps of each ``stretch`` reported together as
+    the engine does. Returns (budget, capture) per step, (0, False) for a stretch's steps."""
+    got, i = [], 0
+    while i < n:
+        k = auto.choose(15)
+        got.append((k, auto.capture))
+        auto.observe(_record(k, 3 * t if k else t, auto, False))
+        i += 1
+        j = min(auto.stretch(), n - i) if use_stretch else 0
+        if j:
+            auto.observe_stretch(j, j * t, j * t)
+            got += [(0, False)] * j
+            i += j
+    return got
+
+
+def test_a_stretch_moves_the_state_as_its_steps_would():
+    """The steps ``stretch`` promises are the plain steps without capture that step-by-step choices
+    make, and ``observe_stretch`` leaves the chooser where those steps would have: the same choices
+    (probes, warm-ups) follow, while the per-step budget work runs once per stretch."""
+    a, b = _weak_auto(probe_min=300, window=8), _weak_auto(probe_min=300, window=8)
+    stretched = []
+    real = b.observe_stretch
+    b.observe_stretch = lambda n, v, s: stretched.append(n) or real(n, v, s)
+    assert _drive(a, 2000, False) == _drive(b, 2000, True)
+    assert sum(stretched) > 1500 and max(stretched) == b.recheck - 1
+    for name in ("_since_probe", "_probe_every", "_plain_kept", "_covered", "capture", "probing"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert a.plain_s == pytest.approx(b.plain_s)
+
+
+def test_no_stretch_while_capturing_probing_or_before_statistics():
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06))
+    auto.choose(15)
+    assert auto.stretch() == 0  # no gain curve yet: the next step probes
+    auto = _weak_auto(probe_min=20, window=8)
+    got = []
+    for _ in range(21):
+        k = auto.choose(15)
+        got.append((k, auto.capture, auto.stretch()))
+    # a kept "plain wins" (recheck 32) until the warm-up: 12 steps without capture, the stretch after
+    # each counting down to the warm-up; then 8 capturing steps and the probe, with no stretch
+    assert got == [(0, False, 11 - i) for i in range(12)] + [(0, True, 0)] * 8 + [(got[20][0], True, 0)]
+    assert got[20][0] > 0 and auto.probing
+
+
+def test_engine_reports_a_stretch_cut_short(pair):
+    """The engine runs a stretch's steps as plain decoding's own and reports them to the budget, also
+    when the generation (or its consumer) stops inside one: every step is accounted for."""
+    from tfm_local.engine import Engine
+
+    target, drafter = pair
+    with Engine(target, drafter, n_ctx=512) as e:
+        ids = e.prompt_tokens(PROMPT)
+        e.auto.costs = LinearCosts(0.035, 0.06)
+        fixed_draft_time(e.auto, 0.03)
+        list(e.generate_ids(ids, 40, plain_sp()))  # past the first probe: plain wins from here
+        seen = {"stretch": 0, "single": 0}
+        real_stretch, real_observe = e.auto.observe_stretch, e.auto.observe
+        e.auto.observe_stretch = lambda n, v, s: seen.__setitem__("stretch", seen["stretch"] + n) or real_stretch(n, v, s)
+        e.auto.observe = lambda rec: seen.__setitem__("single", seen["single"] + 1) or real_observe(rec)
+        e.auto._probe_every = 10_000  # no probe near: only the recheck (32) bounds a stretch
+        before = e.auto._since_probe
+        gen = e.generate_ids(ids, 200, plain_sp())
+        out = [next(gen) for _ in range(50)]
+        gen.close()
+        assert len(out) == 50
+        steps = e.stats.n_steps
+        # 49 decode steps (the prefill gave the first token): a decided step, a stretch of 31, a decided
+        # step, and 16 steps of the next stretch when the consumer stopped
+        assert steps == 49 and (seen["single"], seen["stretch"]) == (2, 47)
+        assert e.auto._since_probe - before == steps

@@ -285,11 +285,11 @@ def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, m
     real_step = engine_module.run_step
 
     def spy(tgt, dft, *args):
-        if dft is None:  # the plain engine's steps
+        if tgt is not e.target:  # the plain engine's steps
             return real_step(tgt, dft, *args)
-        queued = dft.pending
+        queued = e.drafter.pending  # a stretch's steps run without the drafter (AutoBudget.stretch)
         rec = real_step(tgt, dft, *args)
-        seen.append((rec, bool(tgt.feature_layers), dft.pending - queued))
+        seen.append((rec, bool(tgt.feature_layers), e.drafter.pending - queued))
         return rec
 
     monkeypatch.setattr(engine_module, "run_step", spy)

@@ -273,16 +273,31 @@ class Engine:
         st.t_total = time.perf_counter() - t0
         yield last
         shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width)
-        while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
-            rec = run_step(tgt, dft, shape, self.budget, auto, last, max_tokens - st.n_generated, choose, backend)
-            st.add_step(rec)
-            if auto is not None:
-                auto.observe(rec)
-            for t in rec.tokens:
-                st.n_generated += 1
-                st.t_total = time.perf_counter() - t0
-                yield t
-                last = t
+        # a plain stretch of the automatic budget (AutoBudget.stretch) runs plain decoding's own steps
+        left, done, t_verify, t_step = 0, 0, 0.0, 0.0
+        try:
+            while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
+                remaining = max_tokens - st.n_generated
+                if left:
+                    rec = run_step(tgt, None, shape, 0, None, last, remaining, choose, backend)
+                    left, done, t_verify, t_step = left - 1, done + 1, t_verify + rec.t_verify, t_step + rec.t_step
+                    if not left:
+                        auto.observe_stretch(done, t_verify, t_step)
+                        done, t_verify, t_step = 0, 0.0, 0.0
+                else:
+                    rec = run_step(tgt, dft, shape, self.budget, auto, last, remaining, choose, backend)
+                    if auto is not None:
+                        auto.observe(rec)
+                        left = auto.stretch()
+                st.add_step(rec)
+                for t in rec.tokens:
+                    st.n_generated += 1
+                    st.t_total = time.perf_counter() - t0
+                    yield t
+                    last = t
+        finally:  # the generation ended (or its consumer stopped) inside a stretch
+            if done:
+                auto.observe_stretch(done, t_verify, t_step)
 
     def _max_rows(self) -> int:
         """The most rows one verification of this generation can have (root + budget drafts)."""

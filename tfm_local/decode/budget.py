@@ -338,6 +338,31 @@ class AutoBudget:
         self._plain_kept = self.recheck - 1 if b == 0 else 0
         return b
 
+    def stretch(self) -> int:
+        """Plain steps without capture that certainly follow the last ``choose`` (0 or more): while a
+        "plain wins" decision is kept (``recheck``) and the next probe's warm-up is further away, every
+        choice would be plain decoding without capture, whatever the plain steps measure. The engine runs
+        them as plain decoding's own steps (no drafter, no per-step budget work: ~10 µs a step, 0.5% of an
+        H200 step) and reports them together with ``observe_stretch``. Call it after ``observe`` of the
+        step that ``choose`` decided."""
+        if self.probing or self._spec or self.capture or self._warming or self.curve is None:
+            return 0
+        return max(min(self._plain_kept, self._probe_every - self._since_probe - self.window), 0)
+
+    def observe_stretch(self, n: int, verify_s: float, step_s: float) -> None:
+        """``n`` plain steps without capture ran (a ``stretch``, or its first ``n`` steps when the
+        generation ended): ``verify_s`` / ``step_s`` the seconds of their target passes (``StepRecord.
+        t_verify``) and of their whole records (``t_step``), summed. The state moves as ``n`` calls of
+        ``choose`` and ``observe`` would have moved it; the costs take the stretch's mean pass as one
+        sample."""
+        if n < 1:
+            return
+        self._since_probe += n
+        self._plain_kept = max(self._plain_kept - n, 0)
+        self._covered = 0
+        self.observe_plain(verify_s / n)
+        self.plain_s = running_cost(self.plain_s, step_s / n, self.alpha, False)
+
     def observe(self, rec) -> None:
         """Learn from one decode step (a ``step.StepRecord``): a plain step's pass cost, or a speculative
         step's pass cost, drafting time, gain curve and acceptance; and what the probe cycle costs."""
