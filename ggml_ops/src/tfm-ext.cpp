@@ -590,15 +590,17 @@ int32_t tfm_topk_get(llama_context * ctx, int32_t i0, int32_t n, int32_t k, int3
             return -1;
         }
     }
+    // one synchronisation for all rows: llama.cpp's llama_get_sampled_*_ith each synchronise every
+    // backend, four calls a row (a 65-node verify made ~190 stream synchronisations on the H200)
+    ctx->synchronize();
     std::vector<std::pair<float, int32_t>> row((size_t) k);
     for (int32_t r = 0; r < n; ++r) {
         const int32_t i = i0 + r;
-        if (llama_get_sampled_candidates_count_ith(ctx, i) != (uint32_t) k ||
-            llama_get_sampled_logits_count_ith(ctx, i) != (uint32_t) k) {
+        if (ctx->get_sampled_candidates_count(i) != (size_t) k || ctx->get_sampled_logits_count(i) != (size_t) k) {
             return -1;
         }
-        const llama_token * cand = llama_get_sampled_candidates_ith(ctx, i);
-        const float       * lp   = llama_get_sampled_logits_ith(ctx, i);
+        const llama_token * cand = ctx->get_sampled_candidates_ith(i);
+        const float       * lp   = ctx->get_sampled_logits_ith(i);
         if (cand == nullptr || lp == nullptr) {
             return -1;
         }
