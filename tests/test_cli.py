@@ -303,3 +303,15 @@ def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
     assert bad.returncode == 2 and "no recorded outputs for humaneval" in bad.stderr
     bad = run("tfm_local.bench.replay_cli", "--from", str(out), "--drafter", str(drafter), str(tmp_path / "no.gguf"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "no.gguf" in bad.stderr
+
+
+def test_modes_run_in_an_order_rotated_per_prompt():
+    """Every mode runs first (and right after each other mode) equally often over a set."""
+    from tfm_local.bench.tfm_bench import mode_order, parse_modes
+
+    modes = parse_modes("plain,auto,ddtree@auto")
+    orders = [[m.label for m in mode_order(modes, i)] for i in range(6)]
+    assert orders[0] == ["plain", "auto", "ddtree@auto"] and orders[1] == ["auto", "ddtree@auto", "plain"]
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)
+    assert [o[0] for o in orders].count("plain") == 2 and [o[0] for o in orders].count("auto") == 2
+    assert mode_order([], 3) == []
