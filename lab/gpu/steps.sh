@@ -9,6 +9,11 @@
 #   prof    lab/gpu/step_profile.py (phases: wall, CUDA API calls, kernels, GPU busy) for plain, chain,
 #           DDTree@16 and @64 on the default pair and on the twin; tfm-bench-pass on the twin (n = 1 … 64,
 #           argmax and features); profile_passes on the twin (kernels per pass size)
+#   trace   lab/trace_graphs.py on the default pair, DDTree@16 and @64: which target passes llama.cpp
+#           reuses and which ggml-cuda replays as a CUDA graph (the profile saw trees launch kernels
+#           one by one), summarized
+#   bench   the step-cost bar's run: plain, chain, DDTree@8/16/32/64 and ddtree@auto, greedy, first 40
+#           prompts of each set, 256 tokens (~9 min: call it twice)
 set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
 . ~/env.sh
@@ -25,6 +30,8 @@ case $stage in
     $SP --target $W/target.gguf --drafter $W/drafter.gguf --set humaneval -n 2 --tokens 96 --out $ST/step-profile-7b.json
     python3 -m tfm_local.bench.passes_cli --target $W/target.gguf --drafter $W/drafter.gguf --tokens 1,8,16,32,64 --variants argmax,features --threads 4 --json $ST/pass-7b.json
     python3 -m tfm_local.bench.profile_passes --target $W/target.gguf --drafter $W/drafter.gguf --tokens 1,8,16,64 --threads 4 --json $ST/kernels-7b.json" ;;
+  trace) cmd="for b in 16 64; do TFM_VERBOSE=1 LLAMA_GRAPH_RESULT_DEBUG=1 python3 lab/trace_graphs.py --target $T --mode ddtree --budget \$b --tokens 96 --gpu > $ST/trace-\$b.log 2>&1; python3 lab/trace_graphs.py --summarize $ST/trace-\$b.log | tee $ST/trace-summary-\$b.txt; done" ;;
+  bench) cmd="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,chain,ddtree@8,ddtree@16,ddtree@32,ddtree@64,ddtree@auto -n 40 --max-tokens 256 --json $ST/bench-steps.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-COLLECT="step-profile-*.json pass-7b.json kernels-7b.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"
+COLLECT="step-profile-*.json pass-7b.json kernels-7b.json trace-summary-*.txt bench-steps.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"
