@@ -297,9 +297,16 @@ def test_null_means_not_given(server):
                                                     "stream_options": {"include_usage": None}})
     assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text
     r = post(server, "/v1/completions", json={**COMPLETION, **dict.fromkeys(NULLABLE), "max_tokens": 4})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    assert r.status_code == 200 and ran_to(r.json(), 4), r.text
     r = post(server, "/v1/completions", json={**COMPLETION, "max_tokens": None})
-    assert r.json()["usage"]["completion_tokens"] == 16  # the default, as when left out
+    assert ran_to(r.json(), 16), r.text  # the default, as when left out
+
+
+def ran_to(body: dict, limit: int) -> bool:
+    """A completion stopped by its token limit ``limit``, or by the end-of-generation token before it
+    (sampled at the server's default temperature with a random seed, the tiny model may end early)."""
+    n, why = body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"]
+    return (why == "length" and n == limit) or (why == "stop" and n < limit)
 
 
 @pytest.mark.parametrize("path,body,param", [

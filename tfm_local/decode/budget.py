@@ -22,13 +22,26 @@ costs. Per step, with a budget of B drafted tokens:
   from a prior of one token each, so that one missed probe does not send it to
   its floor.
 
+Pass costs beyond the largest size measured are extrapolated with the slope of
+the last measured segment, which a probe alone cannot correct: on the H200 a
+1-token pass (a CUDA graph, no capture) takes 1.95 ms and a probe's 2-node pass
+4.0 ms, so the slope prices a 17-node pass at ~35 ms where it takes 4.3. So a
+probe that is due **explores** (``exploration``) when speculation would pay were
+the passes beyond the largest measured size no dearer than it: it verifies
+twice as many nodes as the largest measured pass (up to the budget's ceiling);
+when that pass costs less than 1.5x the previous largest, the next probe comes
+after ``probe_min`` steps instead of its cost-based gap, so a GPU reaches its
+real budget within a few probes, while on a CPU (costs linear in n) it stops
+after one or two.
+
 The running costs (c, d, the probe cycle's) forget their first sample (on a
 GPU the first pass of a shape captures its CUDA graph: 26 ms for a pass that
 then takes 1.9) and cap later outliers at twice the mean (``running_cost``).
 
 When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
-follow the text. A probe drafts only as deep as its budget (``probing``), so
+follow the text; when speculation stops paying, the first probe comes after 8
+steps whatever probes cost (a few unlucky steps can tip the running means). A probe drafts only as deep as its budget (``probing``), so
 it costs one short drafter pass and one short verification; the gains of
 deeper budgets are then extrapolated from it (``extrapolate``). Between probes
 only the one-token cost changes, so a "plain" choice is re-evaluated every
@@ -110,6 +123,10 @@ class PassCosts:
     def known(self, n: int) -> bool:
         """Whether a pass of exactly ``n`` tokens was measured."""
         return n in self._mean
+
+    def largest(self) -> int:
+        """The largest pass size measured (0 before any record)."""
+        return max(self._mean, default=0)
 
     def estimate(self, n: int | np.ndarray) -> float | np.ndarray | None:
         """Estimated seconds of a pass over ``n`` tokens (scalar or array); None before any record."""
@@ -212,7 +229,14 @@ class AutoBudget:
             mean; None before the first probe's record).
         plain_s: seconds of a plain step without capture or switch, its whole record (running mean;
             the baseline of ``probe_cost``).
-        alpha: weight of a new sample in the running means.
+        alpha: weight of a new sample in the running means of costs and the gain curve.
+        alpha_accept: the same for the accepted and predicted tokens behind ``ratio``. A step's accepted
+            count varies a lot (a chain of 15 at 85% a position: mean 5.2, deviation ~4), and at 0.2 the
+            ratio's running value swung to 0.3 within tens of steps of a steady drafter, stopping
+            speculation that paid 1.8x; at 0.05 it follows a change of text within ~20 steps. The first
+            steps take the plain mean with the prior (weights 1/2, 1/3, …), so that a miscalibrated
+            drafter is found out within a few probes.
+        margin: speculation must beat plain decoding by this factor (``best_budget``, ``exploration``).
     """
 
     first_probe: int = 1
@@ -223,6 +247,8 @@ class AutoBudget:
     overhead: float = 0.005
     probe_cap: int = 4096
     alpha: float = 0.2
+    alpha_accept: float = 0.05
+    margin: float = 1.03
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -241,6 +267,8 @@ class AutoBudget:
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
     _n_spec: int = 0        # speculative steps observed (the first one's drafting time is a warm-up)
     _n_cycles: int = 0      # probe cycles closed (the first one's cost is a warm-up)
+    _explored: int = 0      # pass size that the probe under way explores (0: none), and the largest
+    _explored_from: int = 0  # measured size before it
 
     def __post_init__(self):
         self._probe_every = self.probe_min
@@ -294,13 +322,30 @@ class AutoBudget:
         b = self._decide(k_max)
         if b > 0:
             return self._speculate(b, probe=False, every=self.probe_min)
+        if self._spec:  # speculation just stopped paying (a few unlucky steps can do it): re-probe soon,
+            self._since_probe, self._probe_every = 0, self.probe_min  # not after the cost-spaced gap
         self._spec = False
         self._since_probe += 1
         due = self._probe_every + 1 - self._since_probe  # steps until the probe (0: this one)
         if due > 0:
             return self._plain(due <= self.window and (remaining is None or due <= remaining - 2))
         b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, speculative_only=True)
-        return self._speculate(b, probe=True, every=2 * self._probe_every)
+        x = self.exploration(k_max)
+        b = self._speculate(max(b, x), probe=True, every=2 * self._probe_every)
+        if b and b == x:
+            self._explored, self._explored_from = x + 1, self.costs.largest()
+        return b
+
+    def exploration(self, k_max: int) -> int:
+        """The budget a due probe explores at (0: none): twice the nodes of the largest pass measured
+        (at most ``k_max`` + 1), when speculation at ``k_max`` would beat plain decoding by the margin if
+        passes beyond that largest size cost no more than it (the gain from the extrapolated curve)."""
+        n_max = self.costs.largest()
+        if n_max < 2 or n_max > k_max:
+            return 0
+        flat = self.costs.estimate(n_max) + self.draft_s
+        gain = 1.0 + self.ratio * float(self._curve(k_max)[k_max - 1])
+        return min(2 * n_max, k_max + 1) - 1 if gain / flat > self.margin / self.costs.estimate(1) else 0
 
     def _plain(self, capture: bool) -> int:
         self.capture = capture
@@ -392,6 +437,11 @@ class AutoBudget:
             self._n_cycles += 1
             self._cycle = 0.0
             self._probe_every = self._spacing(self._probe_every)
+            if self._explored:  # a pass no dearer than 1.5x the previous largest: explore on soon
+                grew = self.costs.estimate(self._explored) / self.costs.estimate(self._explored_from)
+                if grew < 1.5:
+                    self._probe_every = self.probe_min
+                self._explored = self._explored_from = 0
 
     def observe_plain(self, seconds: float) -> None:
         """A plain step's target pass (1 token) took ``seconds``."""
@@ -408,6 +458,7 @@ class AutoBudget:
         self._n_spec += 1
         self.curve = self._blend(self.curve, curve, a)
         pred = float(curve[budget - 1]) if budget >= 1 else 0.0
+        a = max(self.alpha_accept, 1.0 / (self._n_spec + 1))  # a plain mean from the prior, then running
         self.accepted = (1 - a) * self.accepted + a * accepted
         self.predicted = (1 - a) * self.predicted + a * pred
 
