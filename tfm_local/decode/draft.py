@@ -62,6 +62,10 @@ def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 TOP_K = 8
 
 
+#: the largest block a drafter may declare (published DFlash drafters use 16)
+MAX_BLOCK = 256
+
+
 class DrafterMismatchError(ValueError):
     """The drafter does not fit the target (architecture, width, vocabulary, layers)."""
 
@@ -83,16 +87,24 @@ class DFlashDrafter:
                  n_threads: int | None = None, n_gpu_layers: int = -1, keep_graphs: bool = True):
         self.model = Model(path, n_gpu_layers=n_gpu_layers)
         self.target = target
-        self._check_compat()
-        self.layers = native.model_target_layers(self.model.ptr)
-        bad = [il for il in self.layers if not 0 <= il < target.model.n_layer]
-        if not self.layers or bad:
-            raise DrafterMismatchError(f"drafter target layers {self.layers} do not fit a "
-                                       f"{target.model.n_layer}-layer target")
-        self.block_size = int(self.model.meta("dflash.block_size") or 16)
-        self.mask_token = lc.llama_vocab_mask(self.model.vocab)
-        if not 0 <= self.mask_token < target.model.n_vocab:
-            raise DrafterMismatchError(f"drafter mask token {self.mask_token} is outside the vocabulary")
+        try:
+            self._check_compat()
+            name = self.model.path.name
+            self.layers = native.model_target_layers(self.model.ptr)
+            bad = [il for il in self.layers if not 0 <= il < target.model.n_layer]
+            if not self.layers or bad:
+                raise DrafterMismatchError(f"drafter {name}: target layers {self.layers} do not fit a "
+                                           f"{target.model.n_layer}-layer target")
+            self.block_size = int(self.model.meta("dflash.block_size") or 16)
+            if not 2 <= self.block_size <= MAX_BLOCK:
+                raise DrafterMismatchError(f"drafter {name}: block size {self.block_size} is outside 2..{MAX_BLOCK}")
+            self.mask_token = lc.llama_vocab_mask(self.model.vocab)
+            if not 0 <= self.mask_token < target.model.n_vocab:
+                raise DrafterMismatchError(f"drafter {name}: mask token {self.mask_token} is outside the "
+                                           f"target's vocabulary of {target.model.n_vocab}")
+        except Exception:
+            self.model.close()
+            raise
         n_ub = max(self.block_size, min(target.n_batch, 512))
         self.ctx = Context(self.model, n_ctx=target.n_ctx, n_batch=n_ub, n_ubatch=n_ub, kv_type=kv_type,
                            n_threads=n_threads, ctx_other=target.ctx)

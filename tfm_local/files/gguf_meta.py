@@ -148,7 +148,7 @@ def _parse(buf, path: Path) -> GGUFMeta:
     n_tensors, n_kv = c.take("<Q"), c.take("<Q")
     kv: dict[str, GGUFKeyValue] = {}
     for _ in range(n_kv):
-        key = c.raw_string().decode("utf-8")
+        key = c.raw_string().decode("utf-8", errors="replace")  # llama.cpp does not check keys' UTF-8
         vt = VT(c.take("<I"))
         if vt == VT.ARRAY:
             sub = VT(c.take("<I"))
@@ -191,3 +191,85 @@ def dequantize_tensor(raw: np.ndarray, e: TensorEntry) -> np.ndarray:
     except NotImplementedError:
         raise GGUFError(f"tensor {e.name} has type {qt.name}, which gguf cannot dequantize") from None
     return np.array(out, dtype=np.float32).reshape(tuple(reversed(e.ne)))
+
+
+#: llama.cpp's LLAMA_MAX_LAYERS and LLAMA_MAX_EXPERTS (src/llama-hparams.h)
+MAX_LAYERS, MAX_EXPERTS = 512, 1024
+
+
+def check_hparams(meta: GGUFMeta, path: str | os.PathLike) -> None:
+    """Refuse hyperparameters and vocabularies on which llama.cpp's loader or graph would abort the
+    process (a GGML_ASSERT, a division by zero) instead of returning an error: a token string twice in
+    the vocabulary, a layer count outside
+    1..512, a zero width, head count, head dimension or context, a KV head count that does not divide
+    the head count, more experts than 1,024 or more used than exist, a non-finite or negative norm
+    epsilon, a non-finite or non-positive RoPE base (damaged files, found by fuzzing; the checks run
+    before llama.cpp sees the file).
+
+    Raises:
+        GGUFError: naming the file and the key.
+    """
+    kv = meta.kv
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if tokens is not None and isinstance(tokens.value, list) and len(set(tokens.value)) != len(tokens.value):
+        seen, dup = set(), None
+        for t in tokens.value:
+            if t in seen:
+                dup = t
+                break
+            seen.add(t)
+        raise GGUFError(f"{path}: tokenizer.ggml.tokens holds {dup!r} twice (a damaged vocabulary)")
+    arch = kv.get("general.architecture")
+    if arch is None or not isinstance(arch.value, str):
+        return  # llama.cpp refuses a file without an architecture on its own
+    a = arch.value
+
+    def bad(key: str, why: str):
+        raise GGUFError(f"{path}: {key} {why} (a damaged or unsupported GGUF)")
+
+    def ints(key: str) -> list[int] | None:
+        e = kv.get(f"{a}.{key}")
+        if e is None:
+            return None
+        vals = e.value if isinstance(e.value, list) else [e.value]
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in vals):
+            bad(f"{a}.{key}", f"is not an integer ({e.vtype.name})")
+        return [int(v) for v in vals]
+
+    layers = ints("block_count")
+    if layers is not None and not (len(layers) == 1 and 1 <= layers[0] <= MAX_LAYERS):
+        bad(f"{a}.block_count", f"= {layers[:4]}, not 1..{MAX_LAYERS}")
+    for key in ("embedding_length", "context_length", "attention.head_count", "feed_forward_length"):
+        vals = ints(key)
+        if vals is not None and (not vals or (key != "feed_forward_length" and min(vals) < 1) or min(vals) < 0
+                                 or max(vals) >= 1 << 31):
+            bad(f"{a}.{key}", f"= {vals[:4]}{'...' if len(vals) > 4 else ''}, out of range")
+    heads, kv_heads = ints("attention.head_count"), ints("attention.head_count_kv")
+    if kv_heads is not None:
+        if not kv_heads or max(kv_heads) >= 1 << 31 or min(kv_heads) < 0:
+            bad(f"{a}.attention.head_count_kv", f"= {kv_heads[:4]}, out of range")
+        if heads and len(heads) == 1 and any(h > 0 and heads[0] % h for h in kv_heads):
+            bad(f"{a}.attention.head_count_kv", f"= {kv_heads[:4]} does not divide the head count {heads[0]}")
+    width = ints("embedding_length")
+    if heads and width and len(heads) == 1 and "attention.key_length" not in kv and f"{a}.attention.key_length" not in kv \
+            and width[0] % heads[0]:
+        bad(f"{a}.attention.head_count", f"= {heads[0]} does not divide the width {width[0]}")
+    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
+        vals = ints(key)
+        if vals is not None and (not vals or min(vals) < 1 or max(vals) >= 1 << 20):
+            bad(f"{a}.{key}", f"= {vals[:4]}, out of range")
+    experts, used = ints("expert_count"), ints("expert_used_count")
+    if experts is not None and not (len(experts) == 1 and 0 <= experts[0] <= MAX_EXPERTS):
+        bad(f"{a}.expert_count", f"= {experts[:4]}, not 0..{MAX_EXPERTS}")
+    if used is not None and (len(used) != 1 or used[0] < 0 or used[0] > (experts[0] if experts else 0)):
+        bad(f"{a}.expert_used_count", f"= {used[:4]}, more than the {experts[0] if experts else 0} experts")
+    for key, e in kv.items():
+        if not key.startswith(a + ".") or e.vtype not in (VT.FLOAT32, VT.FLOAT64) or isinstance(e.value, list):
+            continue
+        v = float(e.value)
+        if not np.isfinite(v):
+            bad(key, f"= {v}, not a finite number")
+        if key.endswith("epsilon") and v < 0:
+            bad(key, f"= {v}, negative")
+        if key.endswith("rope.freq_base") and v <= 0:
+            bad(key, f"= {v}, not positive")

@@ -24,13 +24,26 @@ class LlamaError(RuntimeError):
     """A llama.cpp call failed (model load, context creation, decode)."""
 
 
+#: llama.cpp's latest warning and error lines (when its log is silenced): the reason a load failed
+_LOG_ERRORS: list[str] = []
+_WARN, _CONT = 3, 5  # ggml_log_level: GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_CONT
+
+
 def _quiet_logs() -> None:
-    """Silence llama.cpp's logging unless TFM_VERBOSE is set (errors still raise)."""
+    """Silence llama.cpp's logging unless TFM_VERBOSE is set (errors still raise); its warnings and
+    errors are kept (the last 8 lines) so that a refusal can say why (``_log_reason``)."""
     if os.environ.get("TFM_VERBOSE"):
         return
 
     @lc.llama_log_callback
     def _sink(level, text, user_data):  # pragma: no cover - C callback
+        if level >= _WARN:
+            line = text.decode("utf-8", "replace") if text else ""
+            if level == _CONT and _LOG_ERRORS:
+                _LOG_ERRORS[-1] += line
+            elif level != _CONT:
+                _LOG_ERRORS.append(line)
+            del _LOG_ERRORS[:-8]
         return None
 
     _quiet_logs.cb = _sink  # keep alive
@@ -73,6 +86,33 @@ def gguf_architecture(path: str | os.PathLike) -> str | None:
     return None if arch is None else arch.value
 
 
+def _check_file(path: Path) -> None:
+    """Refuse, before llama.cpp sees it in this process, a GGUF that would abort the process: the quick
+    checks of ``gguf_meta.check_hparams`` (when our reader parses the header; llama.cpp refuses damaged
+    headers on its own and may know types the ``gguf`` package does not), then a load in a child
+    process (``probe.probe_model``, once per file)."""
+    from ..files.gguf_meta import GGUFError, check_hparams, read_gguf_meta
+
+    from .probe import probe_model
+
+    try:
+        meta = read_gguf_meta(path)
+    except GGUFError:
+        meta = None  # llama.cpp refuses damaged headers on its own; the probe still runs
+    if meta is not None:
+        check_hparams(meta, path)
+    probe_model(path)
+
+
+def _log_reason() -> str:
+    """llama.cpp's error lines since the last call, joined (its warnings when no error was logged)."""
+    lines = [" ".join(x.split()) for x in _LOG_ERRORS if x.strip()]
+    _LOG_ERRORS.clear()
+    errors = [x for x in lines if "error" in x.lower() or "failed" in x.lower()]
+    specific = [x for x in errors if "failed to load model" not in x]  # not the loaders' wrapper lines
+    return "; ".join(specific or errors or lines[-2:])[:600]
+
+
 def _load_hint(path: Path) -> str:
     """Why llama.cpp may have refused ``path``, read from its GGUF metadata: a file without vocabulary;
     '' otherwise."""
@@ -89,7 +129,8 @@ class Model:
         n_gpu_layers: layers to offload (-1 = all when a GPU backend exists, 0 = CPU).
     Raises:
         FileNotFoundError: the file does not exist.
-        LlamaError: llama.cpp refused the file (corrupt, truncated, unknown arch).
+        GGUFError: hyperparameters llama.cpp would abort on (``gguf_meta.check_hparams``).
+        LlamaError: llama.cpp refused the file (corrupt, truncated, unknown arch), with its reason.
     """
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1):
@@ -101,10 +142,14 @@ class Model:
         params.n_gpu_layers = n_gpu_layers if gpu_available() else 0
         #: whether layers run on a GPU (the numerics of batched passes differ per backend: tfm_local.lossless)
         self.on_gpu = params.n_gpu_layers != 0
+        _check_file(self.path)
+        _log_reason()  # forget older lines
         self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
+            why = _log_reason()
             raise LlamaError(f"llama.cpp could not load {self.path}" + (_load_hint(self.path) or
-                             " (corrupt, truncated or unsupported GGUF; set TFM_VERBOSE=1 for its log)"))
+                             " (corrupt, truncated or unsupported GGUF" + (f": {why}" if why else
+                                                                           "; set TFM_VERBOSE=1 for its log") + ")"))
         self.vocab = lc.llama_model_get_vocab(self.ptr)
         self.n_embd = lc.llama_model_n_embd(self.ptr)
         self.n_layer = lc.llama_model_n_layer(self.ptr)

@@ -5,5 +5,7 @@ models that llama.cpp loads and runs in milliseconds, for unit tests, examples a
               small byte-level BPE tokenizer), ``write_tiny_qwen35``; small llama.cpp helpers for raw decodes
 - ``hybrid``  Gated-DeltaNet hybrid GGUF writer (qwen35, qwen35moe, qwen3next) at any shape
 - ``vocab``   the tiny tokenizer and ChatML template the synthetic models carry
+- ``fuzz``    damaged GGUF files (every kind of damage) and a child-process loader that tells a clear
+              error from a crash or a hang
 - ``gdn_ops`` the Gated DeltaNet tree ops run one at a time on numpy arrays, with error bounds
 """

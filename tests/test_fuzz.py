@@ -1,0 +1,120 @@
+"""Damaged model files end in a clear error, never a crash or a hang (tfm_local/testing/fuzz.py).
+
+Every mutant is loaded in a child process (``LoadWorker``), the way a user's process would load it:
+a target (``Target`` + a 3-token prefill; qwen2, the qwen35 hybrid, gemma3), a drafter (an ``Engine``
+with a good target), and the metadata reader the converter and the trainer use. The damage covers
+truncation, flipped bytes in header and data, wrong counts, lengths, types, dimensions and offsets,
+and duplicated or missing keys and tensors. Fixed seeds; at least 1,000 files a run.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from tfm_local.files.gguf_meta import GGUFError
+from tfm_local.testing.fuzz import MUTATIONS, gguf_layout, mutate_gguf, run
+
+#: (kind, model, mutants, seed); about 1,100 files and ~6 minutes on the 2-core CPU
+PLAN = [("meta", "target", 350, 11), ("target", "target", 350, 12), ("target", "qwen35", 150, 13),
+        ("target", "gemma3", 100, 14), ("drafter", "drafter", 200, 15)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from tfm_convert.pipeline import init_random
+    from tfm_local.testing.synth import write_tiny_target
+
+    d = tmp_path_factory.mktemp("fuzz")
+    out = {"target": write_tiny_target(d / "target.gguf", n_layer=2),
+           "qwen35": write_tiny_target(d / "qwen35.gguf", arch="qwen35"),
+           "gemma3": write_tiny_target(d / "gemma3.gguf", arch="gemma3")}
+    out["drafter"] = init_random(out["target"], d / "drafter.gguf", layers=1, seed=4)[0]
+    return out
+
+
+def test_layout_maps_every_field(files):
+    buf = files["target"].read_bytes()
+    lay = gguf_layout(buf)
+    assert len(lay.kvs) == struct.unpack_from("<Q", buf, 16)[0] and len(lay.tensors) == struct.unpack_from("<Q", buf, 8)[0]
+    assert lay.data_start % lay.alignment == 0 and lay.header_end <= lay.data_start < len(buf)
+    arch = next(f for f in lay.kvs if f.name == "general.architecture")
+    n = struct.unpack_from("<Q", buf, arch.parts["str_len"])[0]
+    assert buf[arch.parts["str_len"] + 8:arch.parts["str_len"] + 8 + n] == b"qwen2"
+    rng = np.random.default_rng(0)
+    kinds = {mutate_gguf(buf, rng, lay)[0].split(" ")[0] for _ in range(400)}
+    assert len(kinds) >= 12  # the mutations come out varied
+    assert "truncate" in MUTATIONS and "dup_tensor" in MUTATIONS
+
+
+@pytest.mark.parametrize("key,value,fmt,match", [
+    ("qwen2.block_count", 0, "<I", "block_count"),
+    ("qwen2.attention.layer_norm_rms_epsilon", 0x7FC00000, "<I", "finite"),
+    ("qwen2.attention.head_count_kv", 3, "<I", "does not divide"),
+])
+def test_values_llama_cpp_would_abort_on_are_refused_first(files, tmp_path, key, value, fmt, match):
+    """Found by fuzzing: each of these made llama.cpp abort the process (GGML_ASSERT, SIGABRT)."""
+    from tfm_local.llama.model import Model
+
+    buf = bytearray(files["target"].read_bytes())
+    f = next(k for k in gguf_layout(bytes(buf)).kvs if k.name == key)
+    struct.pack_into(fmt, buf, f.parts["value"], value)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(buf))
+    with pytest.raises(GGUFError, match=match) as e:
+        Model(bad, n_gpu_layers=0)
+    assert "bad.gguf" in str(e.value)
+
+
+def test_a_token_twice_in_the_vocabulary_is_refused(files, tmp_path):
+    buf = bytearray(files["target"].read_bytes())
+    f = next(k for k in gguf_layout(bytes(buf)).kvs if k.name == "tokenizer.ggml.tokens")
+    at = f.parts["first_len"]
+    n = struct.unpack_from("<Q", buf, at)[0]
+    second = at + 8 + n
+    m = struct.unpack_from("<Q", buf, second)[0]
+    if m == n:  # make the second token equal to the first
+        buf[second + 8:second + 8 + m] = buf[at + 8:at + 8 + n]
+    else:
+        pytest.skip("the first two tokens differ in length")
+    bad = tmp_path / "dup.gguf"
+    bad.write_bytes(bytes(buf))
+    from tfm_local.llama.model import Model
+
+    with pytest.raises(GGUFError, match="twice"):
+        Model(bad, n_gpu_layers=0)
+
+
+def test_a_file_that_aborts_llama_cpp_is_caught_by_the_probe(files, tmp_path, monkeypatch):
+    """A qwen35 state size that does not fit its tensors aborts llama.cpp while it builds the graph; the
+    quick checks do not know it, the child-process probe does (and nothing is remembered for it)."""
+    import json
+
+    from tfm_local.llama.model import Model
+
+    monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
+    buf = bytearray(files["qwen35"].read_bytes())
+    f = next(k for k in gguf_layout(bytes(buf)).kvs if k.name == "qwen35.ssm.inner_size")
+    struct.pack_into("<I", buf, f.parts["value"], 2)
+    bad = tmp_path / "ssm.gguf"
+    bad.write_bytes(bytes(buf))
+    with pytest.raises(GGUFError, match="aborts") as e:
+        Model(bad, n_gpu_layers=0)
+    assert "ssm.gguf" in str(e.value)
+    good = Model(files["qwen35"], n_gpu_layers=0)  # and a good file passes, once
+    good.close()
+    seen = json.loads((tmp_path / "cache" / "probed.json").read_text())
+    assert len(seen) == 1 and str(files["qwen35"].resolve()) in next(iter(seen))
+
+
+def test_damaged_files_end_in_clear_errors(files, tmp_path):
+    total, report = 0, []
+    for kind, model, n, seed in PLAN:
+        rep = run(kind, files[model], n, seed, tmp_path, extra=str(files["target"]), timeout=60)
+        total += rep["files"]
+        report.append((kind, model, rep["counts"], rep["bad"][:3]))
+    assert total >= 1000
+    bad = [r for r in report if r[3]]
+    assert not bad, bad  # no crash, hang or unclear error
+    assert all(r[2].get("error", 0) > 0.5 * sum(r[2].values()) for r in report if r[0] != "meta"), report
