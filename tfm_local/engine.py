@@ -299,6 +299,19 @@ class Engine:
             if done:
                 auto.observe_stretch(done, t_verify, t_step)
 
+    def state_problems(self) -> list[str]:
+        """What is inconsistent between the engine's caches after a generation ([] when nothing): the
+        target's KV cache must hold exactly its committed positions 0 .. n_past - 1, and the drafter's
+        rows must not run past them (``DFlashDrafter.state_problems``). For soak tests and debugging."""
+        if self.target is None:
+            raise RuntimeError("this Engine is closed")
+        tgt, out = self.target, []
+        if tgt.ctx.pos_max() != tgt.n_past - 1:
+            out.append(f"target: cache holds positions up to {tgt.ctx.pos_max()}, {tgt.n_past} committed")
+        if self.drafter is not None:
+            out += self.drafter.state_problems(tgt.n_past)
+        return out
+
     def _max_rows(self) -> int:
         """The most rows one verification of this generation can have (root + budget drafts)."""
         return min(self.budget + 1, self.target.n_batch) if self.active_drafter is not None else 1

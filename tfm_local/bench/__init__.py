@@ -8,6 +8,8 @@
 - ``verify_step`` / ``verify_step_cli``  ``tfm-bench-verify``: one verify step of a hybrid target
 - ``replay`` / ``replay_cli``  ``tfm-bench-replay``: chain τ of drafters replayed on recorded outputs
 - ``twin``            ``tfm-bench-twin``: random-weight twins of real targets (Q4_K_M types) and their drafters
+- ``soak``            ``tfm-bench-soak``: many generations in one process, caches checked after each, memory
+                      growth after warm-up
 - ``upstream``        upstream llama.cpp's DFlash chain on the same prompts (``python -m``)
 - ``profile_passes``  per-kernel CUDA profile of target and drafter passes
 - ``tau_by_category`` MT-Bench τ per category of tfm-bench JSON files

@@ -159,6 +159,19 @@ class DFlashDrafter:
         """Target position minus drafter position of the next row (the holes' total length so far)."""
         return self._holes[-1][1] if self._holes else 0
 
+    def state_problems(self, n_committed: int) -> list[str]:
+        """What is inconsistent in the drafter's cache against a target holding ``n_committed`` tokens
+        ([] when nothing): injected or queued rows past the committed ones, cache rows past the injected
+        rows and one noise block."""
+        out = []
+        if self._n_injected + self.pending > n_committed + 1:
+            out.append(f"drafter: {self._n_injected} injected + {self.pending} queued rows, the target "
+                       f"holds {n_committed} tokens")
+        if self.ctx.pos_max() >= self._d_end + self.block_size:
+            out.append(f"drafter: cache holds positions up to {self.ctx.pos_max()}, injected rows end "
+                       f"at {self._d_end} (block {self.block_size})")
+        return out
+
     def _rewind(self, pos: int) -> None:
         if pos < self._n_injected:
             self._holes = [(t, s) for t, s in self._holes if t < pos]
