@@ -10,6 +10,8 @@
 - ``twin``            ``tfm-bench-twin``: random-weight twins of real targets (Q4_K_M types) and their drafters
 - ``soak``            ``tfm-bench-soak``: many generations in one process, caches checked after each, memory
                       growth after warm-up
+- ``load``            ``tfm-bench-load``: tfm-serve under concurrent streaming clients, dropped streams and bad
+                      bodies: 5xx, failed requests, greedy answers against the idle server's, TTFT, memory
 - ``upstream``        upstream llama.cpp's DFlash chain on the same prompts (``python -m``)
 - ``profile_passes``  per-kernel CUDA profile of target and drafter passes
 - ``tau_by_category`` MT-Bench τ per category of tfm-bench JSON files
