@@ -16,12 +16,7 @@
 # Results (JSON and logs) are copied to $OUT at the end of each call.
 set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
-. ~/env.sh
-export PYTHONPATH=$HOME/llama:$HOME/site:$PWD
-ST=${ST:-$HOME/st}; mkdir -p "$ST"
-D=qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf
-[ -e tfm_local/assets/$D ] || cp ~/xfer/$D tfm_local/assets/$D   # not carried (size): from call 1
-T=~/w/model.gguf
+. lab/gpu/stage_env.sh
 B="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot"
 
 case $stage in

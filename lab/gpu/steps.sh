@@ -19,12 +19,8 @@
 #           prompts of each set, 256 tokens (~9 min: call it twice)
 set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
-. ~/env.sh
-export PYTHONPATH=$HOME/llama:$HOME/site:$PWD
-ST=${ST:-$HOME/st}; mkdir -p "$ST"
-D=qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf
-[ -e tfm_local/assets/$D ] || cp ~/xfer/$D tfm_local/assets/$D 2>/dev/null  # not carried (size): from call 1
-T=~/w/model.gguf; W=~/w/twin7b
+. lab/gpu/stage_env.sh
+W=~/w/twin7b
 SP="python3 lab/gpu/step_profile.py --modes plain,chain,ddtree@16,ddtree@64 --threads 4"
 case $stage in
   twin) cmd="python3 -m tfm_local.bench.twin --shape qwen2.5-7b --out $W" ;;

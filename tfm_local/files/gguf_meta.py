@@ -211,14 +211,12 @@ def check_hparams(meta: GGUFMeta, path: str | os.PathLike) -> None:
     """
     kv = meta.kv
     tokens = kv.get("tokenizer.ggml.tokens")
-    if tokens is not None and isinstance(tokens.value, list) and len(set(tokens.value)) != len(tokens.value):
-        seen, dup = set(), None
+    if tokens is not None and isinstance(tokens.value, list):
+        seen = set()
         for t in tokens.value:
             if t in seen:
-                dup = t
-                break
+                raise GGUFError(f"{path}: tokenizer.ggml.tokens holds {t!r} twice (a damaged vocabulary)")
             seen.add(t)
-        raise GGUFError(f"{path}: tokenizer.ggml.tokens holds {dup!r} twice (a damaged vocabulary)")
     arch = kv.get("general.architecture")
     if arch is None or not isinstance(arch.value, str):
         return  # llama.cpp refuses a file without an architecture on its own
@@ -236,6 +234,7 @@ def check_hparams(meta: GGUFMeta, path: str | os.PathLike) -> None:
             bad(f"{a}.{key}", f"is not an integer ({e.vtype.name})")
         return [int(v) for v in vals]
 
+    heads, kv_heads, width = ints("attention.head_count"), ints("attention.head_count_kv"), ints("embedding_length")
     layers = ints("block_count")
     if layers is not None and not (len(layers) == 1 and 1 <= layers[0] <= MAX_LAYERS):
         bad(f"{a}.block_count", f"= {layers[:4]}, not 1..{MAX_LAYERS}")
@@ -244,13 +243,11 @@ def check_hparams(meta: GGUFMeta, path: str | os.PathLike) -> None:
         if vals is not None and (not vals or (key != "feed_forward_length" and min(vals) < 1) or min(vals) < 0
                                  or max(vals) >= 1 << 31):
             bad(f"{a}.{key}", f"= {vals[:4]}{'...' if len(vals) > 4 else ''}, out of range")
-    heads, kv_heads = ints("attention.head_count"), ints("attention.head_count_kv")
     if kv_heads is not None:
         if not kv_heads or max(kv_heads) >= 1 << 31 or min(kv_heads) < 0:
             bad(f"{a}.attention.head_count_kv", f"= {kv_heads[:4]}, out of range")
         if heads and len(heads) == 1 and any(h > 0 and heads[0] % h for h in kv_heads):
             bad(f"{a}.attention.head_count_kv", f"= {kv_heads[:4]} does not divide the head count {heads[0]}")
-    width = ints("embedding_length")
     if heads and width and len(heads) == 1 and "attention.key_length" not in kv and f"{a}.attention.key_length" not in kv \
             and width[0] % heads[0]:
         bad(f"{a}.attention.head_count", f"= {heads[0]} does not divide the width {width[0]}")

@@ -90,11 +90,13 @@ def _check_file(path: Path) -> None:
     """Refuse, before llama.cpp sees it in this process, a GGUF that would abort the process: the quick
     checks of ``gguf_meta.check_hparams`` (when our reader parses the header; llama.cpp refuses damaged
     headers on its own and may know types the ``gguf`` package does not), then a load in a child
-    process (``probe.probe_model``, once per file)."""
+    process (``probe.probe_model``, once per file). A file that passed both before is not read again."""
     from ..files.gguf_meta import GGUFError, check_hparams, read_gguf_meta
 
-    from .probe import probe_model
+    from .probe import passed, probe_model
 
+    if passed(path):
+        return
     try:
         meta = read_gguf_meta(path)
     except GGUFError:

@@ -66,6 +66,12 @@ def _remember(key: str) -> None:
         pass  # a read-only cache: probe again next time
 
 
+def passed(path: str | os.PathLike) -> bool:
+    """Whether this very file (path, size, modification time, inode) passed the probe before, and with
+    it the quick checks that run first (``model._check_file``)."""
+    return _known(_key(Path(path)))
+
+
 def probe_model(path: str | os.PathLike, timeout: float = TIMEOUT) -> None:
     """Load ``path`` in a child process first (module doc); return when that did not crash or hang.
 
