@@ -20,6 +20,9 @@ class LinearCosts(PassCosts):
     def known(self, n):
         return True
 
+    def samples(self, n):
+        return 2
+
     def estimate(self, n):
         out = self.a + self.b * np.asarray(n, dtype=np.float64)
         return float(out) if np.ndim(out) == 0 else out
@@ -109,7 +112,7 @@ def test_auto_budget_first_plain_then_probe_then_backs_off():
     auto.costs.known = lambda n: False
     assert auto.choose(15) == 0  # nothing measured: a plain step first
     auto.costs.known = lambda n: True
-    assert auto.choose(15) == 1 and auto.probing  # first probe, one token deep
+    assert auto.choose(15) == 7 and auto.probing  # first probe, 7 tokens deep (first_probe)
     weak = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
     auto.observe_spec(5, 0.35, 0.03, weak, 4, 0)
     gaps, since = [], 0
@@ -152,7 +155,7 @@ def test_a_budget_1_probe_can_show_that_a_deeper_budget_pays():
     costs = PassCosts()
     for n, ms in ((1, 66), (2, 100), (3, 106), (4, 112), (8, 202), (16, 253)):
         costs.record(n, ms / 1e3)
-    auto = AutoBudget(costs=costs)
+    auto = AutoBudget(costs=costs, first_probe=1)
     assert auto.choose(15) == 1 and auto.probing
     auto.observe_spec(2, 0.100, 0.020, np.array([0.85]), 1, 1)
     assert auto.choose(15) >= 3 and not auto.probing
@@ -369,7 +372,7 @@ def test_probes_are_spaced_by_their_measured_cost():
 def test_probe_spacing_is_capped():
     auto = AutoBudget(costs=PassCosts(), probe_cap=500)
     auto.observe_plain(0.03)
-    auto.probe_cost = 10.0  # a probe as dear as 333 plain steps: the 1% floor would be 33,333
+    auto.probe_cost, auto._n_cycles = 10.0, 2  # a probe as dear as 333 plain steps: the 1% floor would be 33,333
     assert auto._spacing(8) == 500
 
 
@@ -517,12 +520,14 @@ def test_engine_reports_a_stretch_cut_short(pair):
 
 
 def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: float, p_accept: float,
-              capture_s: float = 0.0, probe_extra_s: float = 0.0, seed: int = 0, k_cap: int = 15) -> dict:
+              capture_s: float = 0.0, probe_extra_s: float = 0.0, seed: int = 0, k_cap: int = 15,
+              first_probe_extra_s: float | None = None) -> dict:
     """Drive ``auto`` through ``n_steps`` steps of a chain drafter whose every position is right with
     probability ``p_accept``, on a machine where a plain step costs ``plain_s``, a verification of n
     nodes ``pass_s(n)``, drafting ``draft_s``, a capturing plain step ``capture_s`` more and a probe
     ``probe_extra_s`` more outside its pass and drafting (a probe cycle measured 27.7 ms on the H200
-    against ~5 ms from its parts; a batched injection's time is such a part). Returns the
+    against ~5 ms from its parts; a batched injection's time is such a part), the first probe
+    ``first_probe_extra_s`` (default the same: a cold first cycle is dearer). Returns the
     time against plain decoding's for the same tokens, the budgets chosen and the probes."""
     rng = np.random.default_rng(seed)
     curve = gain_curve(np.log(np.full(k_cap, p_accept)) * np.arange(1, k_cap + 1), k_cap)
@@ -531,10 +536,11 @@ def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: f
     for _ in range(n_steps):
         k = auto.choose(k_cap)
         probing = auto.probing
+        extra = probe_extra_s if first_probe_extra_s is None or probes else first_probe_extra_s
         if k:
             hits = rng.random(k) < p_accept
             accepted = int(np.argmin(hits)) if not hits.all() else k
-            t_verify, t_draft = pass_s(k + 1), draft_s + probe_extra_s * probing
+            t_verify, t_draft = pass_s(k + 1), draft_s + extra * probing
         else:
             accepted, t_verify, t_draft = 0, plain_s + capture_s * auto.capture, 0.0
         from tfm_local.decode.step import StepRecord
@@ -543,7 +549,7 @@ def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: f
                          curve=(curve[:k] if probing else curve) if k else None, probe=k > 0 and probing,
                          capture=auto.capture)
         rec.phases["verify"], rec.phases["drafter"] = t_verify, t_draft
-        rec.t_sync = probe_extra_s * (k > 0 and probing)  # the cycle's extra: not drafting, not the pass
+        rec.t_sync = extra * (k > 0 and probing)  # the cycle's extra: not drafting, not the pass
         auto.observe(rec)
         total += t_verify + t_draft
         tokens += accepted + 1
@@ -564,7 +570,8 @@ def test_exploration_finds_the_budget_a_gpu_can_afford():
     at ~1.8x plain. A probe explores twice the largest pass measured while speculation would pay were
     larger passes no dearer, and the next probe comes soon when the pass was no dearer; the budget
     reaches 15 within a few probes and stays there (the ratio of accepted to predicted tokens averaged
-    at weight 0.05: at 0.2 its swings ended speculation for the cost-spaced gap of ~2,000 steps)."""
+    at weight 0.05: at 0.2, with probes one token deep, its swings ended speculation for the
+    cost-spaced gap of ~2,000 steps)."""
     auto = AutoBudget(costs=PassCosts())
     auto.observe_plain(0.00195)
     auto.observe_spec(2, 0.0040, 0.0018, gain_curve(np.log([0.85]), 1), 1, 1)
@@ -585,9 +592,22 @@ def test_exploration_finds_the_budget_a_gpu_can_afford():
     assert np.mean([b > 0 for b in late]) > 0.9 and np.median(late) >= 8
     assert got["ratio"] < 0.6  # ~1.7x faster than plain decoding over the run, probes included
     assert run.costs.largest() >= 16
-    swings = AutoBudget(costs=PassCosts(), alpha_accept=0.2)
-    got = _simulate(swings, 6000, 0.00195, h200_pass, 0.0018, 0.85, capture_s=0.00002, probe_extra_s=0.02)
-    assert got["ratio"] > 0.7 and np.mean([b > 0 for b in got["budgets"][-1000:]]) < 0.5
+
+
+def test_a_cold_first_probe_cycle_does_not_space_the_probes_out():
+    """The H200 run of 2026-12-03: the first probe cycle of a process is cold (the drafter's first
+    pass, CUDA graphs of new shapes: 27.7 ms beyond its parts' ~5 ms, 2026-12-02), and its cost set
+    the gap to the next probe at ~2,900 steps (0.5% of plain time), so on HumanEval the budget made
+    2-3 probes in 6,000 tokens and never speculated where DDTree@16 ran at 1.21x plain. The first
+    cycle is a warm-up: its cost does not space the probes; the second cycle's replaces it."""
+    run = AutoBudget(costs=PassCosts())
+    got = _simulate(run, 6000, 0.00195, h200_pass, 0.0018, 0.85, capture_s=0.00002, probe_extra_s=0.003,
+                    first_probe_extra_s=0.03)
+    assert np.mean([b > 0 for b in got["budgets"][500:]]) > 0.9 and got["ratio"] < 0.6  # within 500 steps
+    weak = AutoBudget(costs=PassCosts())  # and where speculation does not pay, probing stays cheap
+    got = _simulate(weak, 20_000, 0.00195, h200_pass, 0.0018, 0.55, capture_s=0.00002, probe_extra_s=0.003,
+                    first_probe_extra_s=0.03)
+    assert got["ratio"] < 1.008
 
 
 def test_exploration_stops_where_passes_grow_with_their_size():
@@ -600,4 +620,4 @@ def test_exploration_stops_where_passes_grow_with_their_size():
     assert got["ratio"] < 1.015 and cpu.costs.largest() <= 8
     weak = AutoBudget(costs=PassCosts())
     got = _simulate(weak, 20_000, 0.00195, h200_pass, 0.0018, 0.55, capture_s=0.00002, probe_extra_s=0.02)
-    assert weak.costs.largest() == 2 and got["ratio"] < 1.01
+    assert weak.costs.largest() <= 9 and got["ratio"] < 1.01  # about the first probe's size: nothing explored

@@ -27,9 +27,13 @@ def test_a_short_soak_keeps_caches_consistent_and_memory_flat(tiny_pair, tmp_pat
     target, drafter = tiny_pair
     out = tmp_path / "soak.json"
     rc = main(["--target", str(target), "--drafter", str(drafter), "--modes", "auto,ddtree@8", "--tokens", "500",
-               "--max-tokens", "64", "--sets", "humaneval", "--threads", "1", "--json", str(out)])
+               "--max-tokens", "64", "--sets", "humaneval", "--threads", "1", "--warmup-tokens", "100",
+               "--json", str(out)])
     doc = json.loads(out.read_text())
     assert rc == 0 and doc["ok"], doc
     assert [(r["mode"], r["sampling"]) for r in doc["runs"]] == [("auto", "t=0.8"), ("ddtree@8", "t=0.8"),
                                                                  ("auto", "greedy"), ("ddtree@8", "greedy")]
     assert all(r["tokens"] == 500 and r["requests"] >= 8 and not r["problems"] for r in doc["runs"])
+    # the warm-up ran every mode and sampling first; growth counts from its end, the same base for all
+    assert [(r["mode"], r["tokens"]) for r in doc["warmup"]] == [("auto", 100), ("ddtree@8", 100)] * 2
+    assert len({r["rss_after_warmup_mb"] for r in doc["runs"]}) == 1

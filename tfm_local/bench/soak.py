@@ -1,12 +1,13 @@
 """tfm-bench-soak: one process, many generations: no crash, caches consistent, memory flat.
 
 For each mode (``--modes``, as tfm-bench's: ``auto``, ``ddtree@16``, ...) and each sampling (T = 0.8
-with a seed per request, then greedy), requests over the prompt sets' prompts, one after the other,
+with a seed per request, then greedy), requests over the prompt sets' prompts (one of each set in turn),
 until ``--tokens`` tokens are generated. After every request the engine's caches are checked
 (``Engine.state_problems``: the target's KV cache holds exactly its committed tokens, the drafter's
-rows do not run past them) and the process's resident memory is read (``/proc/self/statm``). Memory
-growth is counted from the end of the first 10% of each run's tokens (warm-up: buffers of new batch
-shapes, CUDA graphs). Prints a table and writes JSON; exits 1 when a check failed or memory grew by
+rows do not run past them) and the process's resident memory is read (``/proc/self/statm``). Warm-up
+first: every mode and sampling for ``--warmup-tokens`` tokens (buffers of new batch shapes, CUDA
+graphs, the automatic budget's first probes); memory growth is counted from the resident memory at
+the end of the warm-up, for every measured run. Prints a table and writes JSON; exits 1 when a check failed or memory grew by
 more than ``--max-growth-mb``.
 
     tfm-bench-soak --tokens 20000 --modes auto,ddtree@16 --json soak.json
@@ -14,6 +15,7 @@ more than ``--max-growth-mb``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -33,15 +35,16 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def soak(engine, prompts: list, mode, sp, tokens: int, max_tokens: int, seed0: int = 0) -> dict:
+def soak(engine, prompts: list, mode, sp, tokens: int, max_tokens: int, seed0: int = 0,
+         base: float | None = None) -> dict:
     """Generate ``tokens`` tokens in ``mode`` with sampling ``sp`` (a seed per request when sampled)
-    over ``prompts`` (cycled); returns counts, memory and every state problem met."""
+    over ``prompts`` (cycled); returns counts, memory and every state problem met. Memory growth is
+    counted from ``base`` (MiB), or when None from the end of the run's first 10% of tokens."""
     from dataclasses import replace
 
     engine.set_draft(mode.tree, mode.budget)
     done = requests = 0
     problems, rss, t0 = [], [], time.time()
-    base = None
     while done < tokens:
         p = prompts[requests % len(prompts)]
         s = replace(sp, seed=seed0 + requests) if not sp.greedy else sp
@@ -67,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per request (default 256)")
     ap.add_argument("--temperature", type=float, default=0.8, help="the sampled runs' temperature (default 0.8)")
     ap.add_argument("--sets", default="humaneval,gsm8k,mtbench")
+    ap.add_argument("--warmup-tokens", type=int, default=2000,
+                    help="tokens per mode and sampling before the measured runs (default 2000)")
     ap.add_argument("--max-growth-mb", type=float, default=50.0, help="allowed memory growth after warm-up")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -74,32 +79,43 @@ def main(argv=None) -> int:
     from ..files.datasets import load_prompt_set
     from .tfm_bench import parse_modes
 
-    if args.tokens < 1 or args.max_tokens < 1 or args.temperature <= 0:
-        fail("--tokens and --max-tokens must be >= 1 and --temperature > 0")
+    if args.tokens < 1 or args.max_tokens < 1 or args.temperature <= 0 or args.warmup_tokens < 0:
+        fail("--tokens and --max-tokens must be >= 1, --warmup-tokens >= 0 and --temperature > 0")
     try:
         modes = parse_modes(args.modes)
-        prompts = [p for name in args.sets.split(",") for p in load_prompt_set(name)]
+        sets = [load_prompt_set(name) for name in args.sets.split(",")]
+        # the sets interleaved (one prompt of each in turn), so that every run meets all of them
+        prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
     except (ValueError, OSError, LookupError) as e:
         fail(str(e))
     args.tree, args.budget = "chain", "auto"
     engine = engine_from_args(args)
-    rows = []
+    rows, warm = [], []
+    samplings = (SamplingParams(temperature=args.temperature, top_p=0.95), SamplingParams())
     try:
-        for sp in (SamplingParams(temperature=args.temperature, top_p=0.95), SamplingParams()):
+        base = None
+        if args.warmup_tokens:
+            warm = [soak(engine, prompts, m, sp, args.warmup_tokens, args.max_tokens, seed0=10**6)
+                    for sp in samplings for m in modes]
+            base = rss_mb()
+            print(f"warm-up: {len(warm)} runs of {args.warmup_tokens} tokens, rss {base:.0f} MiB, "
+                  f"problems {sum(len(r['problems']) for r in warm)}", flush=True)
+        for sp in samplings:
             for m in modes:
-                rows.append(soak(engine, prompts, m, sp, args.tokens, args.max_tokens))
+                rows.append(soak(engine, prompts, m, sp, args.tokens, args.max_tokens, base=base))
                 r = rows[-1]
                 print(f"{r['mode']:12} {r['sampling']:7} {r['tokens']:7d} tokens {r['requests']:5d} requests "
                       f"{r['seconds']:8.1f} s  rss {r['rss_after_warmup_mb']:.0f} -> max {r['rss_max_mb']:.0f} MiB "
                       f"(+{r['growth_mb']:.1f})  problems {len(r['problems'])}", flush=True)
     finally:
         engine.close()
-    ok = all(not r["problems"] and r["growth_mb"] <= args.max_growth_mb for r in rows)
+    ok = all(not r["problems"] for r in warm) and all(
+        not r["problems"] and r["growth_mb"] <= args.max_growth_mb for r in rows)
     if args.json:
         from ..files.atomic import write_json
 
         write_json(args.json, dict(argv=sys.argv[1:], date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                   max_growth_mb=args.max_growth_mb, ok=ok, runs=rows))
+                                   max_growth_mb=args.max_growth_mb, ok=ok, warmup=warm, runs=rows))
     for r in rows:
         for x in r["problems"][:5]:
             print(f"problem: {r['mode']} {r['sampling']}: {x}", file=sys.stderr)
