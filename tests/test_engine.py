@@ -112,6 +112,35 @@ def test_greedy_speculative_equals_plain(engine, plain, p_wrong):
             assert engine.stats.tau > 1.5, "oracle drafts should be accepted"
 
 
+def test_trees_keep_their_size_to_the_end_on_flat_costs(engine, plain, monkeypatch):
+    """With a GPU's flat pass costs (``on_gpu``) the last steps of a generation verify full-size trees
+    (a pass of a new size leaves the CUDA graph) and emit only the tokens still wanted: the output is
+    plain decoding's, and the length the one asked for."""
+    import tfm_local.engine as engine_module
+
+    sizes = []
+    real_step = engine_module.run_step
+
+    def spy(*args):
+        rec = real_step(*args)
+        sizes.append((rec.n_nodes, len(rec.tokens)))
+        return rec
+
+    monkeypatch.setattr(engine_module, "run_step", spy)
+    monkeypatch.setattr(engine.target.model, "on_gpu", True)
+    for n in (5, 13, 30):
+        ref = run_ids(plain, PROMPTS[1], n)
+        ids = plain.prompt_tokens(PROMPTS[1])
+        real, sizes[:] = engine.drafter, []
+        engine.drafter = OracleDrafter(real, len(ids), ref + [0] * 64, 0.0)
+        try:
+            assert run_ids(engine, PROMPTS[1], n) == ref
+        finally:
+            engine.drafter = real
+        spec = [m for m, _ in sizes if m > 1]
+        assert spec and len(set(spec)) == 1 and spec[0] == engine.budget + 1, sizes  # never cut
+
+
 def test_random_drafter_greedy_equals_plain(engine, plain):
     for prompt in PROMPTS:
         assert run_ids(engine, prompt, 48) == run_ids(plain, prompt, 48)

@@ -139,6 +139,10 @@ def test_draft_limit_bounds(tmp_path):
     assert draft_limit(63, 100, t) == 9     # the context: 40 - 30 - 1
     assert draft_limit(63, 4, t) == 3       # the tokens still wanted, the target's own included
     assert draft_limit(5, 100, t) == 5      # the budget
+    t.model.on_gpu = True                   # flat pass costs: the tree keeps its size at the end ...
+    assert draft_limit(5, 4, t) == 5 and draft_limit(63, 4, t) == 9
+    assert draft_limit(5, 1, t) == 0        # ... but the last token is a plain step
+    t.model.on_gpu = False
     t.close()
     t = Target(target, n_ctx=200, n_batch=16, n_threads=1)
     t.prefill([1, 2, 3])
