@@ -16,6 +16,8 @@
 #   pinned  who allocates pinned host memory (cudaMallocHost, 0.2-1.1 ms a tree step in the profile)
 #           during decoding: a DDTree@64 generation under gdb (or cuda-gdb) with a backtrace at every
 #           cudaMallocHost / cudaFreeHost; then the same run's tfm-bench with GGML_CUDA_NO_PINNED=1
+#   twinbench  tfm-bench on the twin (plain, chain, DDTree@16/@64, 10 prompts per set, 128 tokens), then
+#           tfm-bench-project: its step costs with the default pair's τ (bench-steps.json or the pinned run's)
 #   soak    tfm-bench-soak on the default pair: 20,000 tokens per mode (auto, ddtree@16) at T = 0.8, then
 #           greedy (the reliability issue's full run)
 #   bench   the step-cost bar's run: plain, chain, DDTree@8/16/32/64 and ddtree@auto, greedy, first 40
@@ -39,8 +41,10 @@ case $stage in
     grep -c '^#0' $ST/pinned-gdb.log; grep -A14 '^#0' $ST/pinned-gdb.log | grep -o 'in [a-zA-Z_:~]*' | sort | uniq -c | sort -rn | head -30 | tee $ST/pinned-summary.txt
     PB='python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,ddtree@16,ddtree@64 -n 10 --max-tokens 256 --sets humaneval'
     \$PB --json $ST/bench-pinned0.json | tail -12; GGML_CUDA_NO_PINNED=1 \$PB --json $ST/bench-pinned1.json | tail -12" ;;
+  twinbench) cmd="python3 -m tfm_local.bench.tfm_bench --target $W/target.gguf --drafter $W/drafter.gguf --threads 4 --no-plot --modes plain,chain,ddtree@16,ddtree@64 -n 10 --max-tokens 128 --json $ST/bench-twin7b.json
+    R=\$(ls $ST/bench-steps.json $ST/bench-pinned0.json 2>/dev/null | head -1); python3 -m tfm_local.bench.project --costs $ST/bench-twin7b.json --tau \$R --json $ST/projection-7b.json" ;;
   soak) cmd="python3 -m tfm_local.bench.soak --target $T --drafter auto --threads 4 --json $ST/soak-h200.json" ;;
   bench) cmd="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,chain,ddtree@8,ddtree@16,ddtree@32,ddtree@64,ddtree@auto -n 40 --max-tokens 256 --json $ST/bench-steps.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-COLLECT="step-profile-*.json pass-7b.json kernels-7b.json trace-summary-*.txt trace-why-*.txt trace-log-*.txt.gz bench-steps.json soak-h200.json pinned-summary.txt bench-pinned*.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"
+COLLECT="step-profile-*.json pass-7b.json kernels-7b.json trace-summary-*.txt trace-why-*.txt trace-log-*.txt.gz bench-steps.json bench-twin7b.json projection-7b.json soak-h200.json pinned-summary.txt bench-pinned*.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"

@@ -8,6 +8,8 @@
 - ``verify_step`` / ``verify_step_cli``  ``tfm-bench-verify``: one verify step of a hybrid target
 - ``replay`` / ``replay_cli``  ``tfm-bench-replay``: chain τ of drafters replayed on recorded outputs
 - ``twin``            ``tfm-bench-twin``: random-weight twins of real targets (Q4_K_M types) and their drafters
+- ``project``         ``tfm-bench-project``: projected speed-ups from one bench's step costs (a twin's) and
+                      another's τ (a real pair's)
 - ``soak``            ``tfm-bench-soak``: many generations in one process, caches checked after each, memory
                       growth after warm-up
 - ``load``            ``tfm-bench-load``: tfm-serve under concurrent streaming clients, dropped streams and bad
