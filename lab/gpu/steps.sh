@@ -18,6 +18,8 @@
 #           cudaMallocHost / cudaFreeHost; then the same run's tfm-bench with GGML_CUDA_NO_PINNED=1
 #   twinbench  tfm-bench on the twin (plain, chain, DDTree@16/@64, 10 prompts per set, 128 tokens), then
 #           tfm-bench-project: its step costs with the default pair's τ (bench-steps.json or the pinned run's)
+#   mmq     the A/B of ggml_ops/dev/cuda-mmq-tiling-switch.patch (built in): tfm-bench-pass of both targets
+#           and DDTree@16 on the default pair with TFM_CUDA_MMQ_TILING unset and at 6, 14, 35, 74 blocks
 #   soak    tfm-bench-soak on the default pair: 20,000 tokens per mode (auto, ddtree@16) at T = 0.8, then
 #           greedy (the reliability issue's full run)
 #   bench   the step-cost bar's run: plain, chain, DDTree@8/16/32/64 and ddtree@auto, greedy, first 40
@@ -43,8 +45,10 @@ case $stage in
     \$PB --json $ST/bench-pinned0.json | tail -12; GGML_CUDA_NO_PINNED=1 \$PB --json $ST/bench-pinned1.json | tail -12" ;;
   twinbench) cmd="python3 -m tfm_local.bench.tfm_bench --target $W/target.gguf --drafter $W/drafter.gguf --threads 4 --no-plot --modes plain,chain,ddtree@16,ddtree@64 -n 10 --max-tokens 128 --json $ST/bench-twin7b.json
     R=\$(ls $ST/bench-steps.json $ST/bench-pinned0.json 2>/dev/null | head -1); python3 -m tfm_local.bench.project --costs $ST/bench-twin7b.json --tau \$R --json $ST/projection-7b.json" ;;
+  mmq) cmd="for K in 0 6 14 35 74; do echo == TFM_CUDA_MMQ_TILING=\$K; for t in $T $W/target.gguf; do TFM_CUDA_MMQ_TILING=\$K python3 -m tfm_local.bench.passes_cli --target \$t --tokens 1,8,16,32,64 --variants argmax --threads 4 --json $ST/pass-mmq\$K-\$(basename \$(dirname \$t)).json | grep -A8 ' n  variant'; done; done
+    for K in 0 6 35; do TFM_CUDA_MMQ_TILING=\$K python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,ddtree@16 -n 10 --max-tokens 256 --sets humaneval --json $ST/bench-mmq\$K.json | tail -6; done" ;;
   soak) cmd="python3 -m tfm_local.bench.soak --target $T --drafter auto --threads 4 --json $ST/soak-h200.json" ;;
   bench) cmd="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,chain,ddtree@8,ddtree@16,ddtree@32,ddtree@64,ddtree@auto -n 40 --max-tokens 256 --json $ST/bench-steps.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-COLLECT="step-profile-*.json pass-7b.json kernels-7b.json trace-summary-*.txt trace-why-*.txt trace-log-*.txt.gz bench-steps.json bench-twin7b.json projection-7b.json soak-h200.json pinned-summary.txt bench-pinned*.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"
+COLLECT="step-profile-*.json pass-7b.json kernels-7b.json trace-summary-*.txt trace-why-*.txt trace-log-*.txt.gz bench-steps.json bench-twin7b.json projection-7b.json bench-mmq*.json soak-h200.json pinned-summary.txt bench-pinned*.json" exec bash lab/gpu/run_stage.sh "steps-$stage" "$wait_s" "$cmd"
