@@ -43,10 +43,13 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
         return requantize(checkpoint, info, out, outtype, tensor_types)
     folder = locate_checkpoint(str(checkpoint))
     config = read_config(folder)
-    check_config(config)
     tensors = index_tensors(folder)
-    check_tensors({n: t.shape for n, t in tensors.items()}, config.dims)
-    check_against_target(config, info)
+    try:
+        check_config(config)
+        check_tensors({n: t.shape for n, t in tensors.items()}, config.dims)
+        check_against_target(config, info)
+    except ConvertError as e:  # name the checkpoint: the checks only see its parts
+        raise ConvertError(f"checkpoint {folder}: {e}") from None
     return write_drafter_gguf(out, config, tensors, info, outtype, tensor_types=tensor_types)
 
 

@@ -89,7 +89,7 @@ def _lazy(path: Path, name: str, meta: dict, base: int, size: int) -> LazyTensor
         dtype, shape, (begin, end) = meta["dtype"], tuple(int(s) for s in meta["shape"]), meta["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise ConvertError(f"{path}: malformed header entry for tensor {name!r}") from None
-    if dtype not in _ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
         raise ConvertError(f"{path}: tensor {name!r} has dtype {dtype}; supported: F32, F16, BF16")
     if end - begin != _ITEMSIZE[dtype] * int(np.prod(shape, dtype=np.int64)) or base + end > size:
         raise ConvertError(f"{path}: tensor {name!r} data is truncated or inconsistent with its shape")
@@ -114,7 +114,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], d
     Raises:
         ValueError: unsupported dtype.
     """
-    if dtype not in _ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
     blobs, header, offset = [], {"__metadata__": {"format": "pt"}}, 0
     for name in sorted(tensors):

@@ -35,15 +35,27 @@ def check_tensors(shapes: Mapping[str, tuple[int, ...]], dims: DrafterDims) -> N
                            f"{dims.n_layers} layers, hidden {dims.hidden}) — " + "; ".join(parts))
 
 
+#: the largest sizes a drafter config may state: llama.cpp's layer limit (LLAMA_MAX_LAYERS), its block
+#: size limit in the engine (draft.MAX_BLOCK), and widths no model comes near (a config stating 2**63
+#: layers made the tensor check run for ever: found by fuzzing)
+MAX_SIZES = dict(num_hidden_layers=512, hidden_size=1 << 17, num_attention_heads=1 << 12, num_key_value_heads=1 << 12,
+                 head_dim=1 << 12, intermediate_size=1 << 20, block_size=256)
+
+
 def check_config(config: DFlashConfig) -> None:
-    """Internal consistency of the drafter geometry; ConvertError listing each problem."""
-    problems = []
+    """Internal consistency of the drafter geometry, and sizes within ``MAX_SIZES``; ConvertError
+    listing each problem."""
+    problems = [f"{k} {getattr(config, k)} exceeds {v}" for k, v in MAX_SIZES.items() if getattr(config, k) > v]
+    if len(config.target_layer_ids) > MAX_SIZES["num_hidden_layers"]:
+        problems.append(f"{len(config.target_layer_ids)} target_layer_ids exceed {MAX_SIZES['num_hidden_layers']}")
     if min(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
            config.num_key_value_heads, config.head_dim, config.intermediate_size) <= 0:
         problems.append("sizes must be positive")
     elif config.num_attention_heads % config.num_key_value_heads:
         problems.append(f"num_attention_heads {config.num_attention_heads} is not a multiple of "
                         f"num_key_value_heads {config.num_key_value_heads}")
+    if min(config.max_position_embeddings, config.num_target_layers) < 0:
+        problems.append("max_position_embeddings and num_target_layers must not be negative")
     if config.block_size < 2:
         problems.append(f"block_size {config.block_size} < 2")
     if len(set(config.target_layer_ids)) != len(config.target_layer_ids):

@@ -133,5 +133,11 @@ def _note_fallbacks(plan, outtype: str, tensor_types) -> None:
 
 
 def _load(t: Any) -> np.ndarray:
-    """float32 data of a LazyTensor-like object or an array."""
-    return t.load() if hasattr(t, "load") else np.asarray(t, dtype=np.float32)
+    """float32 data of a LazyTensor-like object or an array; ConvertError when any value is not finite
+    (damaged weights: a drafter of NaNs drafts nothing, and quantizing them hides where they came from)."""
+    a = t.load() if hasattr(t, "load") else np.asarray(t, dtype=np.float32)
+    bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+    if bad:
+        where = f"{t.file}: tensor {t.name!r}" if hasattr(t, "file") else "a tensor"
+        raise ConvertError(f"{where} holds {bad} values that are not finite (NaN or infinity)")
+    return a

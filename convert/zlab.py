@@ -34,6 +34,8 @@ def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
     if not isinstance(cfg, dict):
         raise ConvertError(f"{source}: expected a JSON object")
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ConvertError(f"{source}: architectures must be a list, got {str(archs)[:40]}")
     if "DFlash2DraftModel" in archs:
         raise ConvertError(f"{source}: DFlash2 drafters are not supported by tfm-convert yet")
     if ARCHITECTURE not in archs:
@@ -57,7 +59,7 @@ def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
         num_key_value_heads=get.int("num_key_value_heads", heads), head_dim=get.int("head_dim", hidden // max(heads, 1)),
         intermediate_size=get.int("intermediate_size"), vocab_size=get.int("vocab_size"),
         rms_norm_eps=get.float("rms_norm_eps", 1e-6),
-        rope_theta=float(rope.get("rope_theta", get.float("rope_theta", 1e6))),
+        rope_theta=_Getter(rope, source).float("rope_theta", get.float("rope_theta", 1e6)),
         max_position_embeddings=get.int("max_position_embeddings", 0),
         hidden_act=str(cfg.get("hidden_act", "silu")), target_layer_ids=tuple(ids), mask_token_id=mask,
         block_size=_Getter(dflash, source).int("block_size", get.int("block_size", 16)),
@@ -72,15 +74,17 @@ class _Getter:
         self.d, self.source = d, source
 
     def int(self, key: str, default: int | None = None) -> int:
+        """An integer of the GGUF's 32-bit fields (|v| < 2**31)."""
         v = self.d.get(key, default)
-        if v is None or isinstance(v, bool) or not isinstance(v, int):
-            raise ConvertError(f"{self.source}: {key} must be an integer, got {v!r}")
+        if v is None or isinstance(v, bool) or not isinstance(v, int) or not -2 ** 31 < v < 2 ** 31:
+            raise ConvertError(f"{self.source}: {key} must be an integer of 32 bits, got {str(v)[:40]}")
         return v
 
     def float(self, key: str, default: float | None = None) -> float:
+        """A positive finite number that a 32-bit float holds (the GGUF's float fields)."""
         v = self.d.get(key, default)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConvertError(f"{self.source}: {key} must be a number, got {v!r}")
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 3.4e38:
+            raise ConvertError(f"{self.source}: {key} must be a positive finite number, got {str(v)[:40]}")
         return float(v)
 
 

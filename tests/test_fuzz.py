@@ -2,9 +2,11 @@
 
 Every mutant is loaded in a child process (``LoadWorker``), the way a user's process would load it:
 a target (``Target`` + a 3-token prefill; qwen2, the qwen35 hybrid, gemma3), a drafter (an ``Engine``
-with a good target), and the metadata reader the converter and the trainer use. The damage covers
-truncation, flipped bytes in header and data, wrong counts, lengths, types, dimensions and offsets,
-and duplicated or missing keys and tensors. Fixed seeds; at least 1,000 files a run.
+with a good target), the metadata reader the converter and the trainer use, and z-lab checkpoints
+(``config.json`` + ``model.safetensors``) into ``tfm-convert``'s conversion, which must also leave no
+file behind when it fails. The damage covers truncation, flipped bytes in header and data, wrong counts,
+lengths, types, dimensions and offsets, duplicated or missing keys and tensors, and odd config values.
+Fixed seeds; at least 1,000 files a run.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tfm_local.testing.fuzz import MUTATIONS, gguf_layout, mutate_gguf, run
 
 #: (kind, model, mutants, seed); about 1,100 files and ~6 minutes on the 2-core CPU
 PLAN = [("meta", "target", 350, 11), ("target", "target", 350, 12), ("target", "qwen35", 150, 13),
-        ("target", "gemma3", 100, 14), ("drafter", "drafter", 200, 15)]
+        ("target", "gemma3", 100, 14), ("drafter", "drafter", 200, 15), ("zlab", "checkpoint", 400, 16)]
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def files(tmp_path_factory):
            "qwen35": write_tiny_target(d / "qwen35.gguf", arch="qwen35"),
            "gemma3": write_tiny_target(d / "gemma3.gguf", arch="gemma3")}
     out["drafter"] = init_random(out["target"], d / "drafter.gguf", layers=1, seed=4)[0]
+    out["checkpoint"] = init_random(out["target"], hf_out=d / "checkpoint", layers=1, seed=4)[1]
     return out
 
 
@@ -116,5 +119,57 @@ def test_damaged_files_end_in_clear_errors(files, tmp_path):
         report.append((kind, model, rep["counts"], rep["bad"][:3]))
     assert total >= 1000
     bad = [r for r in report if r[3]]
-    assert not bad, bad  # no crash, hang or unclear error
+    assert not bad, bad  # no crash, hang, unclear error or partial output
     assert all(r[2].get("error", 0) > 0.5 * sum(r[2].values()) for r in report if r[0] != "meta"), report
+
+
+@pytest.mark.parametrize("path,value,match", [
+    (("num_hidden_layers",), 2 ** 63, "32 bits"),            # made the tensor check run for ever
+    (("num_hidden_layers",), 4096, "exceeds 512"),
+    (("rms_norm_eps",), 1e308, "positive finite"),            # overflowed the GGUF's f32 field
+    (("architectures",), 1, "must be a list"),
+    (("max_position_embeddings",), -1, "must not be negative"),  # overflowed a u32 field
+    (("num_attention_heads",), 3, "tensors do not match"),    # a check that did not name the checkpoint
+])
+def test_damaged_checkpoint_configs_found_by_fuzzing_are_clear(files, tmp_path, path, value, match):
+    import json
+    import shutil
+
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.pipeline import convert_checkpoint
+
+    ck = tmp_path / "ck"
+    shutil.copytree(files["checkpoint"], ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg[path[0]] = value
+    (ck / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConvertError, match=match) as e:
+        convert_checkpoint(ck, files["target"], ck / "out.gguf")
+    assert str(ck) in str(e.value) and sorted(p.name for p in ck.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_damaged_checkpoint_weights_found_by_fuzzing_are_clear(files, tmp_path):
+    import json
+    import shutil
+
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.pipeline import convert_checkpoint
+    from tfm_local.testing.fuzz import _safetensors, _safetensors_parts
+
+    for damage, match in (("dtype", "dtype"), ("nan", "not finite")):
+        ck = tmp_path / damage
+        shutil.copytree(files["checkpoint"], ck)
+        st = (ck / "model.safetensors").read_bytes()
+        n, header = _safetensors_parts(st)
+        data = bytearray(st[8 + n:])
+        name = next(k for k in header if k != "__metadata__")
+        if damage == "dtype":
+            header[name]["dtype"] = [3]  # unhashable: a TypeError before
+        else:
+            begin = header[name]["data_offsets"][0]
+            data[begin:begin + 4] = np.float32(np.nan).tobytes()
+        (ck / "model.safetensors").write_bytes(_safetensors(header, bytes(data)))
+        with pytest.raises(ConvertError, match=match) as e:
+            convert_checkpoint(ck, files["target"], ck / "out.gguf")
+        assert "model.safetensors" in str(e.value) and not (ck / "out.gguf").exists()
+        assert json.loads((ck / "config.json").read_text())  # the input is untouched

@@ -10,10 +10,14 @@ duplicated or missing keys and tensors.
 ``ok``, ``error`` (the exception's type and message), ``crash`` (the child died: a signal or an abort)
 or ``hang`` (no answer within the timeout); the child is restarted after a crash or a hang. Kinds:
 ``target`` (``Target``, then a 3-token prefill), ``drafter`` (an ``Engine`` with a good target and
-the file as its drafter, three tokens generated) and ``meta`` (``read_gguf_meta``, the reader of the
-converter and the trainer). Damaged z-lab checkpoints (``tfm-convert``'s input) are not covered yet.
+the file as its drafter, three tokens generated), ``meta`` (``read_gguf_meta``, the reader of the
+converter and the trainer) and ``zlab``: a z-lab checkpoint folder (``config.json`` +
+``model.safetensors``, damaged by ``mutate_checkpoint``) converted by ``tfm-convert``'s
+``convert_checkpoint`` for a good target; a failed conversion that leaves any file behind in the folder
+is reported as ``partial``.
 
     python -m tfm_local.testing.fuzz --kind target --model tiny.gguf -n 2000 --seed 1 --out fuzz.json
+    python -m tfm_local.testing.fuzz --kind zlab --model CHECKPOINT_DIR --target tiny.gguf -n 500
 
 (the longer run of the docs); ``tests/test_fuzz.py`` runs a bounded one in CI.
 """
@@ -218,6 +222,125 @@ MUTATIONS = ("truncate", "flip_header", "flip_data", "version", "n_tensors", "n_
              "dup_kv", "drop_kv", "dup_tensor", "drop_tensor")
 
 
+CHECKPOINT_MUTATIONS = ("cfg_truncate", "cfg_flip", "cfg_not_json", "cfg_not_object", "cfg_drop", "cfg_value",
+                        "st_truncate", "st_flip_header", "st_flip_data", "st_header_len", "st_entry",
+                        "st_drop_tensor", "st_extra_tensor", "st_second_file", "st_no_weights")
+
+#: values a config key or a safetensors header field is replaced with
+_ODD_VALUES = (None, -1, 0, 1, 2 ** 63, -(2 ** 70), 1e308, 0.5, float("nan"), "7", "", [], [3], {}, True, "x" * 5000)
+
+
+def _json_paths(obj, prefix=()):
+    """Every (path, value) of a JSON document's objects and lists, depth first."""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        yield prefix + (k,), v
+        yield from _json_paths(v, prefix + (k,))
+
+
+def _set_path(obj, path, value, drop: bool = False):
+    for k in path[:-1]:
+        obj = obj[k]
+    if drop:
+        del obj[path[-1]]
+    else:
+        obj[path[-1]] = value
+
+
+def _safetensors_parts(buf: bytes) -> tuple[int, dict]:
+    n = struct.unpack_from("<Q", buf, 0)[0]
+    return n, json.loads(buf[8:8 + n])
+
+
+def _safetensors(header: dict, data: bytes) -> bytes:
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def mutate_checkpoint(src: Path, dst: Path, rng: np.random.Generator) -> str:
+    """Copy the z-lab checkpoint folder ``src`` (``config.json`` + ``model.safetensors``) to ``dst``
+    with one damage; returns what was done. Config damage: truncation, flipped bytes, text that is not
+    JSON or not an object, a key dropped or its value replaced by an odd one (``_ODD_VALUES``), nested
+    keys included. Weights damage: truncation, flipped header or data bytes, a wrong header length, a
+    tensor entry's dtype, shape or data offsets replaced, a tensor dropped, an extra one, a second
+    weights file repeating a tensor, no weights at all."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg_path, st_path = dst / "config.json", dst / "model.safetensors"
+    cfg, st = cfg_path.read_bytes(), st_path.read_bytes()
+    kind = CHECKPOINT_MUTATIONS[int(rng.integers(len(CHECKPOINT_MUTATIONS)))]
+    odd = lambda: _ODD_VALUES[int(rng.integers(len(_ODD_VALUES)))]  # noqa: E731
+    if kind == "cfg_truncate":
+        cfg_path.write_bytes(cfg[:int(rng.integers(len(cfg)))])
+    elif kind == "cfg_flip":
+        b = bytearray(cfg)
+        for at in rng.integers(0, len(b), size=int(rng.integers(1, 4))):
+            b[at] ^= 1 << int(rng.integers(8))
+        cfg_path.write_bytes(bytes(b))
+    elif kind == "cfg_not_json":
+        cfg_path.write_bytes(bytes(rng.integers(0, 256, size=64, dtype=np.uint8)))
+    elif kind == "cfg_not_object":
+        cfg_path.write_text(json.dumps([json.loads(cfg)]))
+    elif kind in ("cfg_drop", "cfg_value"):
+        doc = json.loads(cfg)
+        paths = [p for p, _ in _json_paths(doc)]
+        path = paths[int(rng.integers(len(paths)))]
+        value = odd()
+        _set_path(doc, path, value, drop=kind == "cfg_drop")
+        cfg_path.write_text(json.dumps(doc))
+        return f"{kind} {'.'.join(map(str, path))}" + ("" if kind == "cfg_drop" else f" = {str(value)[:20]}")
+    elif kind == "st_truncate":
+        st_path.write_bytes(st[:int(rng.integers(len(st)))])
+    elif kind == "st_flip_header":
+        n = struct.unpack_from("<Q", st, 0)[0]
+        b = bytearray(st)
+        b[int(rng.integers(0, 8 + n))] ^= 1 << int(rng.integers(8))
+        st_path.write_bytes(bytes(b))
+    elif kind == "st_flip_data":
+        n = struct.unpack_from("<Q", st, 0)[0]
+        b = bytearray(st)
+        for at in rng.integers(8 + n, len(b), size=8):
+            b[at] ^= 0xFF
+        st_path.write_bytes(bytes(b))
+    elif kind == "st_header_len":
+        b = bytearray(st)
+        lengths = [0, 1, 7, len(st), 2 ** 63, 2 ** 64 - 1]
+        struct.pack_into("<Q", b, 0, lengths[int(rng.integers(len(lengths)))])
+        st_path.write_bytes(bytes(b))
+    else:
+        n, header = _safetensors_parts(st)
+        data = st[8 + n:]
+        names = [k for k in header if k != "__metadata__"]
+        name = names[int(rng.integers(len(names)))]
+        if kind == "st_entry":
+            field_ = ("dtype", "shape", "data_offsets")[int(rng.integers(3))]
+            value = odd() if rng.random() < 0.5 else {
+                "dtype": lambda: str(rng.choice(["F64", "I8", "U8", "BOOL", "f32", "F8_E4M3"])),
+                "shape": lambda: [int(x) for x in rng.integers(-3, 70000, size=int(rng.integers(0, 4)))],
+                "data_offsets": lambda: [int(x) for x in rng.integers(-10, len(data) * 2, size=int(rng.integers(0, 4)))],
+            }[field_]()
+            header[name][field_] = value
+            st_path.write_bytes(_safetensors(header, data))
+            return f"st_entry {name}.{field_} = {str(value)[:30]}"
+        if kind == "st_drop_tensor":
+            del header[name]
+            st_path.write_bytes(_safetensors(header, data))
+        elif kind == "st_extra_tensor":
+            header[name + ".extra"] = dict(header[name])
+            st_path.write_bytes(_safetensors(header, data))
+        elif kind == "st_second_file":
+            (dst / "model-2.safetensors").write_bytes(_safetensors({name: header[name]}, data))
+        elif kind == "st_no_weights":
+            st_path.unlink()
+        return f"{kind} {name}"
+    return kind
+
+
+class PartialOutput(Exception):
+    """A failed conversion left files behind (the worker reports it as outcome ``partial``)."""
+
+
 # -- loading in a child process ------------------------------------------------------------------
 
 def _load(kind: str, path: str, extra: str | None) -> None:
@@ -239,6 +362,20 @@ def _load(kind: str, path: str, extra: str | None) -> None:
 
         with Engine(extra, path, n_ctx=64, n_threads=1, n_gpu_layers=0, budget=4) as e:
             list(e.generate_ids([1, 2, 3], 3, _greedy()))
+    elif kind == "zlab":
+        from tfm_convert.pipeline import convert_checkpoint
+
+        folder = Path(path)
+        before = set(os.listdir(folder))
+        out = folder / "out.gguf"
+        try:
+            convert_checkpoint(folder, extra, out, "q8_0")
+        except Exception as e:
+            left = sorted(set(os.listdir(folder)) - before)
+            if left:
+                raise PartialOutput(f"{type(e).__name__}: {e} (and left {left})") from None
+            raise
+        out.unlink()
     else:
         raise ValueError(f"unknown kind {kind}")
 
@@ -259,6 +396,8 @@ def _worker(kind: str, extra: str | None) -> None:
         try:
             _load(kind, path, extra)
             ans = {"outcome": "ok"}
+        except PartialOutput as e:
+            ans = {"outcome": "partial", "message": str(e)[:400]}
         except Exception as e:  # noqa: BLE001 - the point is to report what was raised
             ans = {"outcome": "error", "type": type(e).__name__, "message": str(e)[:400]}
         sys.__stdout__.write("\n" + MARK + json.dumps(ans) + "\n")
@@ -330,10 +469,12 @@ def clear(ans: dict, path: str | os.PathLike) -> bool:
 
 def run(kind: str, model: Path, n: int, seed: int, workdir: Path, extra: str | None = None,
         timeout: float = 30.0, time_limit: float | None = None) -> dict:
-    """``n`` damaged copies of ``model`` (a GGUF) loaded as ``kind``; counts per outcome, and the
-    files that crashed, hung or failed unclearly (with their damage)."""
-    buf = Path(model).read_bytes()
-    lay = gguf_layout(buf)
+    """``n`` damaged copies of ``model`` (a GGUF, or for ``zlab`` a checkpoint folder) loaded as
+    ``kind``; counts per outcome, and the files that crashed, hung, failed unclearly or left a partial
+    output (with their damage)."""
+    zlab = kind == "zlab"
+    buf = Path(model).read_bytes() if not zlab else b""
+    lay = gguf_layout(buf) if not zlab else None
     rng = np.random.default_rng(seed)
     worker = LoadWorker(kind, extra, timeout)
     counts, bad = {}, []
@@ -342,17 +483,26 @@ def run(kind: str, model: Path, n: int, seed: int, workdir: Path, extra: str | N
         for i in range(n):
             if time_limit is not None and time.time() - t0 > time_limit:
                 break
-            what, data = mutate_gguf(buf, rng, lay)
-            path = workdir / f"{kind}-{i}.gguf"
-            path.write_bytes(data)
+            if zlab:
+                path = workdir / f"{kind}-{i}"
+                what = mutate_checkpoint(Path(model), path, rng)
+            else:
+                what, data = mutate_gguf(buf, rng, lay)
+                path = workdir / f"{kind}-{i}.gguf"
+                path.write_bytes(data)
             ans = worker.load(path)
             outcome = ans["outcome"]
             if outcome == "error" and not clear(ans, path):
                 outcome = "unclear"
             counts[outcome] = counts.get(outcome, 0) + 1
-            if outcome in ("crash", "hang", "unclear"):
+            if outcome in ("crash", "hang", "unclear", "partial"):
                 bad.append(dict(i=i, damage=what, **ans))
-            path.unlink()
+            if zlab:
+                import shutil
+
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     finally:
         worker.close()
     return dict(kind=kind, seed=seed, files=sum(counts.values()), counts=counts, bad=bad,
@@ -363,9 +513,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--extra", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--kind", default="target", choices=("target", "drafter", "meta"))
-    ap.add_argument("--model", help="the good GGUF to damage")
-    ap.add_argument("--target", help="the good target (kind drafter)")
+    ap.add_argument("--kind", default="target", choices=("target", "drafter", "meta", "zlab"))
+    ap.add_argument("--model", help="the good GGUF (kind zlab: checkpoint folder) to damage")
+    ap.add_argument("--target", help="the good target (kinds drafter and zlab)")
     ap.add_argument("-n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the report here (JSON)")
