@@ -621,3 +621,29 @@ def test_exploration_stops_where_passes_grow_with_their_size():
     weak = AutoBudget(costs=PassCosts())
     got = _simulate(weak, 20_000, 0.00195, h200_pass, 0.0018, 0.55, capture_s=0.00002, probe_extra_s=0.02)
     assert weak.costs.largest() <= 9 and got["ratio"] < 1.01  # about the first probe's size: nothing explored
+
+
+def test_probe_spacing_has_the_probe_steps_own_cost_as_floor():
+    """A probe cycle whose capturing steps were measured cheaper than plain ones (the ±5% noise of a
+    step on the 2-core CPU: 2026-12-03 the cycles' sums came out near 0 and the probes came every ~130
+    steps, ~1.5% of the time): the probe step's own cost beyond plain decoding (its pass and drafting,
+    from the running costs) is the floor of the cycle's cost, and so of the probes' spacing."""
+    from tfm_local.decode.step import StepRecord
+
+    auto = AutoBudget(costs=PassCosts())
+    for _ in range(3):
+        auto.observe(_record(0, 0.047, auto, False))
+    auto.draft_s = 0.02
+    auto.costs.record(8, 0.10)
+    auto.costs.record(8, 0.10)
+    for _ in range(2):  # two cycles: the first is a warm-up
+        for _ in range(32):
+            rec = StepRecord(pos=0, budget=0, n_nodes=1, tokens=[1], capture=True)
+            rec.phases["verify"] = 0.044  # 3 ms under a plain step: noise
+            auto._account(rec)
+        rec = StepRecord(pos=0, budget=7, n_nodes=8, tokens=[1], probe=True, capture=True)
+        rec.phases["verify"], rec.phases["drafter"] = 0.10, 0.02
+        auto._account(rec)
+    own = 0.10 + 0.02 - 0.047
+    assert auto.probe_cost == pytest.approx(own)  # the cycle's sum was 32 x -3 + 73 ms < 0
+    assert auto._probe_every >= own / (auto.overhead * 0.047) - 1

@@ -446,7 +446,11 @@ class AutoBudget:
             return
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
-            self.probe_cost = running_cost(self.probe_cost, max(self._cycle, 0.0), a, self._n_cycles == 1)
+            # at least what the probe step itself cost beyond plain steps of its tokens, from the running
+            # costs: the cycle's sum over tens of steps carries their noise (±5% a step on the 2-core
+            # CPU, where it came out near 0 and the probes came every ~130 steps at ~1.5% of the time)
+            own = float(self.costs.estimate(rec.n_nodes)) + (self.draft_s or 0.0) - c1 * len(rec.tokens)
+            self.probe_cost = running_cost(self.probe_cost, max(self._cycle, own, 0.0), a, self._n_cycles == 1)
             self._n_cycles += 1
             self._cycle = 0.0
             self._probe_every = self._spacing(self._probe_every)
