@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -314,6 +315,7 @@ struct topk_config {
     const ggml_tensor * rows_src  = nullptr; // [n_vocab, n_rows] f32
     ggml_tensor *       rows_ids  = nullptr; // [k, n_rows] i32
     ggml_tensor *       rows_logp = nullptr; // [k, n_rows] f32
+    int64_t             rows_real = 0;       // rows of the batch (llama.cpp pads the matrix with one)
 };
 
 struct topk_rows {
@@ -371,7 +373,13 @@ const ggml_tensor * row_source(const llama_sampler_data * data) {
     return ok ? src : nullptr;
 }
 
-void topk_build(ggml_context * ctx, topk_config & cfg, llama_sampler_data * data) {
+// A row of a logits matrix: the whole matrix's top-k once per graph (added to gf). With several
+// output rows (a verification, a drafter block: every row an output) tfm_topk_get reads the matrix's
+// results in one copy per tensor, and llama.cpp copies nothing per row (it copied each row's two
+// results on its own: 2 x 17 copies in a 17-node verify, 2 x 16 in a drafter block). With one output
+// row (a prefill's last, a plain step) the row's results stay its outputs, which llama.cpp maps to
+// the row's batch index. Any other row: its own top-k as the row's outputs (topk_build_row).
+void topk_build(ggml_context * ctx, ggml_cgraph * gf, topk_config & cfg, llama_sampler_data * data) {
     const ggml_tensor * src = row_source(data);
     if (src == nullptr) {
         topk_build_row(ctx, cfg, data);
@@ -383,14 +391,27 @@ void topk_build(ggml_context * ctx, topk_config & cfg, llama_sampler_data * data
         cfg.rows_src   = src;
         cfg.rows_ids   = r.ids;
         cfg.rows_logp  = r.logp;
+        const bool padded = src->op == GGML_OP_PAD && src->src[0] != nullptr && src->src[0]->ne[1] == src->ne[1] - 1;
+        cfg.rows_real  = padded ? src->ne[1] - 1 : src->ne[1];
         ggml_set_name(cfg.rows_ids, "tfm_topk_ids");
         ggml_set_name(cfg.rows_logp, "tfm_topk_logp");
-        ggml_set_output(cfg.rows_ids);   // the rows' outputs are views: keep the memory they read
+        ggml_set_output(cfg.rows_ids);   // read after the decode by tfm_topk_get
         ggml_set_output(cfg.rows_logp);
+        if (gf != nullptr) {
+            ggml_build_forward_expand(gf, cfg.rows_ids);
+            ggml_build_forward_expand(gf, cfg.rows_logp);
+        }
     }
-    const size_t i = row_index(data->logits, src);
-    data->candidates = ggml_view_1d(ctx, cfg.rows_ids, k, i * cfg.rows_ids->nb[1]);
-    data->logits     = ggml_view_1d(ctx, cfg.rows_logp, k, i * cfg.rows_logp->nb[1]);
+    if (cfg.rows_real == 1) {
+        const size_t i = row_index(data->logits, src);
+        data->candidates = ggml_view_1d(ctx, cfg.rows_ids, k, i * cfg.rows_ids->nb[1]);
+        data->logits     = ggml_view_1d(ctx, cfg.rows_logp, k, i * cfg.rows_logp->nb[1]);
+        return;
+    }
+    data->logits     = nullptr;
+    data->probs      = nullptr;
+    data->sampled    = nullptr;
+    data->candidates = nullptr;
 }
 
 // True when the device behind buft runs every op that build adds to a graph (of at most 128 nodes,
@@ -424,13 +445,15 @@ bool device_runs(ggml_backend_buffer_type_t buft, const std::function<void(ggml_
 bool topk_supported(const topk_config & cfg, ggml_backend_buffer_type_t buft) {
     return device_runs(buft, [&](ggml_context * ctx, ggml_cgraph * gf) {
         ggml_tensor * mat   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cfg.n_vocab, 2);
-        topk_config   probe = { cfg.k, cfg.n_vocab, cfg.on_backend, nullptr, nullptr, nullptr };
+        topk_config   probe = { cfg.k, cfg.n_vocab, cfg.on_backend, nullptr, nullptr, nullptr, 0 };
         llama_sampler_data one  = { ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cfg.n_vocab), nullptr, nullptr, nullptr };
         llama_sampler_data rows = { ggml_view_1d(ctx, mat, cfg.n_vocab, mat->nb[1]), nullptr, nullptr, nullptr };
         for (llama_sampler_data * d : { &one, &rows }) {
-            topk_build(ctx, probe, d);
-            ggml_build_forward_expand(gf, d->logits);
-            ggml_build_forward_expand(gf, d->candidates);
+            topk_build(ctx, gf, probe, d);
+            if (d->logits != nullptr) { // the single row's own outputs (a matrix's went into gf)
+                ggml_build_forward_expand(gf, d->logits);
+                ggml_build_forward_expand(gf, d->candidates);
+            }
         }
     });
 }
@@ -483,8 +506,8 @@ bool topk_backend_init(llama_sampler * smpl, ggml_backend_buffer_type_t buft, ui
     return cfg->on_backend;
 }
 
-void topk_backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph * /*gf*/, llama_sampler_data * data) {
-    topk_build(ctx, *(topk_config *) smpl->ctx, data);
+void topk_backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph * gf, llama_sampler_data * data) {
+    topk_build(ctx, gf, *(topk_config *) smpl->ctx, data);
 }
 
 void topk_backend_reset(llama_sampler * smpl) {
@@ -492,6 +515,7 @@ void topk_backend_reset(llama_sampler * smpl) {
     cfg->rows_src  = nullptr;
     cfg->rows_ids  = nullptr;
     cfg->rows_logp = nullptr;
+    cfg->rows_real = 0;
 }
 
 llama_sampler_i topk_iface = {
@@ -510,7 +534,7 @@ llama_sampler_i topk_iface = {
 };
 
 llama_sampler * topk_new(int32_t k, int64_t n_vocab) {
-    return llama_sampler_init(&topk_iface, new topk_config{k, n_vocab, false, nullptr, nullptr, nullptr});
+    return llama_sampler_init(&topk_iface, new topk_config{k, n_vocab, false, nullptr, nullptr, nullptr, 0});
 }
 
 // The sampler chain attached to sequence 0 of each context by tfm_topk_attach or tfm_sample_attach
@@ -584,23 +608,52 @@ int32_t tfm_topk_attach(llama_context * ctx, int32_t k, int32_t n_rows) {
 }
 
 int32_t tfm_topk_get(llama_context * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids, float * logp) {
+    ggml_tensor * t_ids  = nullptr;
+    ggml_tensor * t_logp = nullptr;
+    int64_t       n_real = 0;
     {
         std::lock_guard<std::mutex> lock(attached_mutex);
         if (k < 1 || topk_attached_k(ctx) != k || i0 < 0 || n < 0) {
             return -1;
         }
+        const auto * cfg = (const topk_config *) attached_sampler(ctx, ATTACHED_TOPK)->ctx;
+        t_ids  = cfg->rows_ids;
+        t_logp = cfg->rows_logp;
+        n_real = cfg->rows_real;
     }
     // one synchronisation for all rows: llama.cpp's llama_get_sampled_*_ith each synchronise every
     // backend, four calls a row (a 65-node verify made ~190 stream synchronisations on the H200)
     ctx->synchronize();
+    // the last batch's rows were a logits matrix (topk_build): its results in one copy per tensor
+    std::vector<int32_t> all_ids;
+    std::vector<float>   all_logp;
+    // (still the tensors the sampler built: a graph built without the sampler could reuse their memory)
+    const bool matrix = n_real > 1 && t_ids != nullptr && t_ids->buffer != nullptr && t_logp->buffer != nullptr &&
+                        strcmp(ggml_get_name(t_ids), "tfm_topk_ids") == 0 && strcmp(ggml_get_name(t_logp), "tfm_topk_logp") == 0;
+    if (matrix) {
+        if (t_ids->ne[0] != k || (int64_t) i0 + n > n_real) {
+            return -1;
+        }
+        all_ids.resize((size_t) k * n);
+        all_logp.resize((size_t) k * n);
+        ggml_backend_tensor_get(t_ids,  all_ids.data(),  (size_t) i0 * t_ids->nb[1],  all_ids.size() * sizeof(int32_t));
+        ggml_backend_tensor_get(t_logp, all_logp.data(), (size_t) i0 * t_logp->nb[1], all_logp.size() * sizeof(float));
+    }
     std::vector<std::pair<float, int32_t>> row((size_t) k);
     for (int32_t r = 0; r < n; ++r) {
         const int32_t i = i0 + r;
-        if (ctx->get_sampled_candidates_count(i) != (size_t) k || ctx->get_sampled_logits_count(i) != (size_t) k) {
-            return -1;
+        const llama_token * cand = nullptr;
+        const float       * lp   = nullptr;
+        if (matrix) {
+            cand = all_ids.data() + (size_t) r * k;
+            lp   = all_logp.data() + (size_t) r * k;
+        } else {
+            if (ctx->get_sampled_candidates_count(i) != (size_t) k || ctx->get_sampled_logits_count(i) != (size_t) k) {
+                return -1;
+            }
+            cand = ctx->get_sampled_candidates_ith(i);
+            lp   = ctx->get_sampled_logits_ith(i);
         }
-        const llama_token * cand = ctx->get_sampled_candidates_ith(i);
-        const float       * lp   = ctx->get_sampled_logits_ith(i);
         if (cand == nullptr || lp == nullptr) {
             return -1;
         }

@@ -85,7 +85,9 @@ LLAMA_API int32_t tfm_topk_attach(struct llama_context * ctx, int32_t k, int32_t
 // After a token batch decoded with the top-k sampler attached: the top-k of batch rows
 // i0 .. i0+n-1 (every row must have been an output), each row sorted by descending log-prob
 // (ties by ascending id). ids / logp receive n*k values, row-major; k must be the attached
-// sampler's. Returns k, or -1 when no sampler with this k is attached or a row has no result.
+// sampler's. One synchronisation, and one device-to-host copy per result tensor when the batch's
+// rows were one logits matrix (every row an output). Returns k, or -1 when no sampler with this k
+// is attached or a row has no result.
 LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n, int32_t k,
                                int32_t * ids, float * logp);
 
