@@ -39,9 +39,17 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
             the target (width, vocabulary, mask token, target layers).
     """
     info = read_target_info(target)
+    _refuse_input_as_output(out, [target])
     if str(checkpoint).endswith(".gguf") and Path(checkpoint).is_file():
-        return requantize(checkpoint, info, out, outtype, tensor_types)
+        _refuse_input_as_output(out, [checkpoint])
+        try:
+            return requantize(checkpoint, info, out, outtype, tensor_types)
+        except ConvertError as e:  # name the drafter: some checks see only its tensors
+            raise (e if str(checkpoint) in str(e) else ConvertError(f"drafter {checkpoint}: {e}")) from None
+        except ValueError as e:  # a tensor whose data does not fit its shape or type (a damaged file)
+            raise ConvertError(f"drafter {checkpoint} cannot be requantized: {e}") from None
     folder = locate_checkpoint(str(checkpoint))
+    _refuse_input_as_output(out, [p for p in folder.iterdir() if p.is_file()])
     config = read_config(folder)
     tensors = index_tensors(folder)
     try:
@@ -51,6 +59,14 @@ def convert_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
     except ConvertError as e:  # name the checkpoint: the checks only see its parts
         raise ConvertError(f"checkpoint {folder}: {e}") from None
     return write_drafter_gguf(out, config, tensors, info, outtype, tensor_types=tensor_types)
+
+
+def _refuse_input_as_output(out: str | os.PathLike, inputs) -> None:
+    """ConvertError when ``out`` is one of the ``inputs`` files (the conversion would replace it)."""
+    o = Path(out).resolve()
+    for p in inputs:
+        if Path(p).resolve() == o:
+            raise ConvertError(f"the output {out} is an input of this conversion ({p}): choose another path")
 
 
 def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None, *,
@@ -76,12 +92,15 @@ def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None,
     if out is None and hf_out is None:
         raise ConvertError("nothing to write: give an output GGUF (-o) and/or --hf-out DIR")
     info = read_target_info(target)
+    if out is not None:
+        _refuse_input_as_output(out, [target])
     config = random_config(info, layers=layers, ffn=ffn, mask_token=mask_token)
     check_config(config)
     check_against_target(config, info)
     tensors = random_tensors(config, seed)
-    hf = write_checkpoint(hf_out, config, tensors, hf_dtype) if hf_out is not None else None
+    # the GGUF first: a GGUF that cannot be written then leaves no checkpoint behind
     gguf_path = write_drafter_gguf(out, config, tensors, info, outtype) if out is not None else None
+    hf = write_checkpoint(hf_out, config, tensors, hf_dtype) if hf_out is not None else None
     return gguf_path, hf
 
 

@@ -8,6 +8,7 @@ the raw little-endian tensor bytes. Supported dtypes: F32, F16, BF16.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
             if n > size - 8:
                 raise ValueError(f"header length {n} exceeds the file size {size}")
             header = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
+    except (OSError, struct.error, ValueError, RecursionError) as e:
         raise ConvertError(f"cannot read safetensors file {path}: {e}") from None
     if not isinstance(header, dict):
         raise ConvertError(f"{path}: safetensors header is not a JSON object")
@@ -86,12 +87,18 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
 def _lazy(path: Path, name: str, meta: dict, base: int, size: int) -> LazyTensor:
     """Validate one header entry and build its LazyTensor."""
     try:
-        dtype, shape, (begin, end) = meta["dtype"], tuple(int(s) for s in meta["shape"]), meta["data_offsets"]
+        dtype, shape, (begin, end) = meta["dtype"], meta["shape"], meta["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise ConvertError(f"{path}: malformed header entry for tensor {name!r}") from None
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    if not isinstance(shape, list) or not all(whole(d) and 0 <= d < 1 << 40 for d in shape) or \
+            not whole(begin) or not whole(end):
+        raise ConvertError(f"{path}: malformed header entry for tensor {name!r} (shape {str(shape)[:40]}, "
+                           f"data_offsets {str(meta['data_offsets'])[:40]})")
+    shape = tuple(shape)
     if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
-        raise ConvertError(f"{path}: tensor {name!r} has dtype {dtype}; supported: F32, F16, BF16")
-    if end - begin != _ITEMSIZE[dtype] * int(np.prod(shape, dtype=np.int64)) or base + end > size:
+        raise ConvertError(f"{path}: tensor {name!r} has dtype {str(dtype)[:20]}; supported: F32, F16, BF16")
+    if not 0 <= begin <= end or end - begin != _ITEMSIZE[dtype] * math.prod(shape) or base + end > size:
         raise ConvertError(f"{path}: tensor {name!r} data is truncated or inconsistent with its shape")
     return LazyTensor(path, name, dtype, shape, base + begin)
 

@@ -83,7 +83,7 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             for n, _, qt in plan:
-                w.write_tensor_data(encode(_load(tensors[n]), qt))
+                w.write_tensor_data(encode(_fits(_load(tensors[n]), qt, n), qt))
         finally:
             w.close()
     return out
@@ -130,6 +130,20 @@ def _note_fallbacks(plan, outtype: str, tensor_types) -> None:
     if fell:
         print(f"note: {len(fell)} matrices stay F16, their rows not a multiple of the type's block "
               f"(e.g. {fell[0]})", file=sys.stderr)
+
+
+#: the largest magnitude a float16 holds: the F16 type's values and the block types' scales
+F16_MAX = 65504.0
+
+
+def _fits(a: np.ndarray, qt: QT, name: str) -> np.ndarray:
+    """``a`` when its values survive type ``qt``; ConvertError when a value beyond the float16 range
+    would become infinite in an F16 tensor or a block type's float16 scale (F32 and BF16 hold them)."""
+    if qt not in (QT.F32, QT.BF16) and a.size and float(np.max(np.abs(a))) >= F16_MAX:
+        raise ConvertError(f"tensor {name!r} holds values beyond the float16 range (±{F16_MAX:g}, largest "
+                           f"{float(np.max(np.abs(a))):.3g}), which its type {qt.name} cannot store: "
+                           "convert it with --outtype f32 or bf16, or check the checkpoint")
+    return a
 
 
 def _load(t: Any) -> np.ndarray:

@@ -111,8 +111,8 @@ def read_config(folder: Path) -> DFlashConfig:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConvertError(f"checkpoint {folder} has no config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConvertError(f"{path}: malformed config.json ({e})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise ConvertError(f"{path}: malformed config.json ({type(e).__name__}: {str(e)[:200]})") from None
     return parse_config(cfg, str(path))
 
 

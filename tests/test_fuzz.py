@@ -173,3 +173,97 @@ def test_damaged_checkpoint_weights_found_by_fuzzing_are_clear(files, tmp_path):
             convert_checkpoint(ck, files["target"], ck / "out.gguf")
         assert "model.safetensors" in str(e.value) and not (ck / "out.gguf").exists()
         assert json.loads((ck / "config.json").read_text())  # the input is untouched
+
+
+def test_review_findings_on_damaged_inputs_are_clear(files, tmp_path):
+    """Found by a review after the fuzz runs: an alignment of 0 or an array (ZeroDivisionError,
+    TypeError), a conversion whose output is one of its inputs (it replaced the target), checkpoint
+    entries with negative or string offsets, a huge shape, a config nested past the recursion limit,
+    and weights beyond the float16 range in an F16 output (they became infinite)."""
+    import json
+    import shutil
+
+    import gguf
+
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.pipeline import convert_checkpoint
+    from tfm_local.files.gguf_meta import read_gguf_meta
+    from tfm_local.testing.fuzz import _safetensors, _safetensors_parts
+
+    for value in (0, [32, 32]):
+        p = tmp_path / f"align-{len(str(value))}.gguf"
+        w = gguf.GGUFWriter(str(p), "qwen2")
+        (w.add_array if isinstance(value, list) else w.add_uint32)("general.alignment", value)
+        w.add_tensor("x", np.zeros(4, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(GGUFError, match="alignment") as e:
+            read_gguf_meta(p)
+        assert p.name in str(e.value)
+
+    target = tmp_path / "t.gguf"
+    shutil.copy(files["target"], target)
+    before = target.read_bytes()
+    with pytest.raises(ConvertError, match="is an input"):
+        convert_checkpoint(files["checkpoint"], target, target)
+    ck = tmp_path / "ck"
+    shutil.copytree(files["checkpoint"], ck)
+    with pytest.raises(ConvertError, match="is an input"):
+        convert_checkpoint(ck, target, ck / "model.safetensors")
+    assert target.read_bytes() == before and sorted(p.name for p in ck.iterdir()) == ["config.json", "model.safetensors"]
+
+    st = (ck / "model.safetensors").read_bytes()
+    n, header = _safetensors_parts(st)
+    name = next(k for k in header if k != "__metadata__")
+    for field_, value in (("data_offsets", [-64, -64 + header[name]["data_offsets"][1] - header[name]["data_offsets"][0]]),
+                          ("data_offsets", ["0", "8"]), ("shape", [2 ** 70, 1]), ("shape", [1.5e300])):
+        bad = json.loads(json.dumps(header))
+        bad[name][field_] = value
+        (ck / "model.safetensors").write_bytes(_safetensors(bad, st[8 + n:]))
+        with pytest.raises(ConvertError, match="model.safetensors"):
+            convert_checkpoint(ck, target, tmp_path / "out.gguf")
+    (ck / "model.safetensors").write_bytes(st)
+    cfg = (ck / "config.json").read_text()
+    (ck / "config.json").write_text("[" * 200000)
+    with pytest.raises(ConvertError, match="config.json"):
+        convert_checkpoint(ck, target, tmp_path / "out.gguf")
+    (ck / "config.json").write_text(cfg)
+
+    big = json.loads(json.dumps(header))  # a weight of 1e30: F16 cannot hold it
+    data = bytearray(st[8 + n:])
+    mat = next(k for k in big if k != "__metadata__" and len(big[k]["shape"]) == 2)
+    b0 = big[mat]["data_offsets"][0]
+    if big[mat]["dtype"] == "F32":
+        data[b0:b0 + 4] = np.float32(1e30).tobytes()
+    else:  # BF16: the top half of the float32
+        data[b0:b0 + 2] = np.float32(1e30).tobytes()[2:]
+    (ck / "model.safetensors").write_bytes(_safetensors(big, bytes(data)))
+    with pytest.raises(ConvertError, match="float16 range"):
+        convert_checkpoint(ck, target, tmp_path / "out.gguf", "f16")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_a_file_written_in_place_is_probed_again(files, tmp_path, monkeypatch):
+    """A file that passed the probe and was then rewritten in place, with its size and modification
+    time set back (found by the review: block_count 0 then aborted the process): the change time is
+    part of the key, so the file is probed (and checked) again."""
+    import os
+    import shutil
+    import time
+
+    from tfm_local.llama import probe
+
+    monkeypatch.setenv("TFM_CACHE", str(tmp_path / "cache"))
+    p = tmp_path / "m.gguf"
+    shutil.copy(files["target"], p)
+    probe.probe_model(p)
+    assert probe.passed(p)
+    st = p.stat()
+    time.sleep(0.01)
+    with open(p, "r+b") as f:  # the same bytes, written in place
+        f.write(p.read_bytes()[:16])
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_mtime_ns == st.st_mtime_ns and p.stat().st_size == st.st_size
+    assert not probe.passed(p)

@@ -32,3 +32,15 @@ def test_a_greedy_answer_that_differs_is_a_failure(tiny_pair):
         proc.terminate()
         proc.wait(timeout=30)
     assert any("differs" in f for f in st["failures"])
+
+
+def test_a_load_of_nothing_is_refused():
+    """--clients 0 (found by the review) would have passed with no request made."""
+    import pytest
+
+    from tfm_local.bench.load import main
+
+    for args in (["--clients", "0"], ["--seconds", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(["--url", "http://127.0.0.1:9", *args])
+        assert e.value.code == 2

@@ -37,3 +37,18 @@ def test_a_short_soak_keeps_caches_consistent_and_memory_flat(tiny_pair, tmp_pat
     # the warm-up ran every mode and sampling first; growth counts from its end, the same base for all
     assert [(r["mode"], r["tokens"]) for r in doc["warmup"]] == [("auto", 100), ("ddtree@8", 100)] * 2
     assert len({r["rss_after_warmup_mb"] for r in doc["runs"]}) == 1
+
+
+def test_a_request_that_fails_is_a_problem_in_the_report(tiny_pair, tmp_path):
+    """A request that raises (here: prompts longer than a 64-token context) is reported as a problem,
+    the run goes on (it stops after three in a row) and the JSON is written; exit status 1."""
+    from tfm_local.bench.soak import main
+
+    target, drafter = tiny_pair
+    out = tmp_path / "soak.json"
+    rc = main(["--target", str(target), "--drafter", str(drafter), "--modes", "auto", "--tokens", "200",
+               "--max-tokens", "64", "--sets", "mtbench", "--threads", "1", "--warmup-tokens", "0",
+               "--n-ctx", "64", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 1 and not doc["ok"]
+    assert any("raised ContextOverflowError" in p for r in doc["runs"] for p in r["problems"]), doc["runs"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -158,8 +159,8 @@ def run_load(url: str, clients: int, seconds: float, max_tokens: int, reference:
                                         headers={"content-type": "application/json"})
                         note("malformed", r.status_code, None if 400 <= r.status_code < 500 else
                              f"status {r.status_code} for {body[:40]!r}")
-                except httpx.HTTPError as e:
-                    note("transport", "error", f"{type(e).__name__}: {e}")
+                except Exception as e:  # noqa: BLE001 - any failure of a request counts (a transport error,
+                    note("transport", "error", f"{type(e).__name__}: {e}")  # a reply that is not JSON, ...)
 
     threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
@@ -190,6 +191,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-growth-mb", type=float, default=50.0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.clients < 1 or a.seconds <= 0 or a.max_tokens < 1:
+        ap.error("--clients and --max-tokens must be >= 1 and --seconds > 0")
     import httpx
 
     proc, url = (None, a.url) if a.url else start_server(a)
@@ -217,7 +220,9 @@ def main(argv=None) -> int:
                ttft_p50_s=float(np.nanpercentile(ttft, 50)), ttft_p95_s=float(np.nanpercentile(ttft, 95)),
                tokens_per_s_p50=float(np.nanpercentile(tps, 50)), rss_start_mb=base, rss_max_mb=max(rss, default=None),
                rss_growth_after_warmup_mb=round(growth, 1), server_exit=rc)
-    ok = not st["server_errors"] and not st["failures"] and growth <= a.max_growth_mb
+    # a started server must have run to the end (terminated by us: rc -15 or 0), and requests been made
+    ok = (not st["server_errors"] and not st["failures"] and growth <= a.max_growth_mb and st["requests"] > 0
+          and (rc is None or rc in (0, -signal.SIGTERM)))
     res["ok"] = ok
     print(f"{st['requests']} requests in {elapsed:.0f} s from {a.clients} clients {st['by_kind']}; statuses "
           f"{st['status']}; 5xx {len(st['server_errors'])}; failed {len(st['failures'])}; time to first token "

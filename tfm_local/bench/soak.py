@@ -45,12 +45,18 @@ def soak(engine, prompts: list, mode, sp, tokens: int, max_tokens: int, seed0: i
     engine.set_draft(mode.tree, mode.budget)
     done = requests = 0
     problems, rss, t0 = [], [], time.time()
-    while done < tokens:
+    failed = 0  # consecutive requests that raised
+    while done < tokens and failed < 3:
         p = prompts[requests % len(prompts)]
         s = replace(sp, seed=seed0 + requests) if not sp.greedy else sp
-        ids = engine.prompt_tokens(p.messages)
-        done += len(list(engine.generate_ids(ids, min(max_tokens, tokens - done), s)))
         requests += 1
+        try:
+            ids = engine.prompt_tokens(p.messages)
+            done += len(list(engine.generate_ids(ids, min(max_tokens, tokens - done), s)))
+            failed = 0
+        except Exception as e:  # noqa: BLE001 - a request that fails is a problem to report, not the end
+            problems.append(f"request {requests} ({p.id}) raised {type(e).__name__}: {e}")
+            failed += 1
         problems += [f"request {requests} ({p.id}): {x}" for x in engine.state_problems()]
         rss.append(rss_mb())
         if base is None and done >= tokens // 10:

@@ -19,6 +19,7 @@ converter turns it into its ConvertError (``tfm_convert.errors.convert_errors``)
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -160,7 +161,10 @@ def _parse(buf, path: Path) -> GGUFMeta:
         name = c.raw_string().decode("utf-8")
         ne = tuple(c.take("<Q") for _ in range(c.take("<I")))
         infos.append((name, ne, c.take("<I"), c.take("<Q")))
-    align = int(kv["general.alignment"].value) if "general.alignment" in kv else gguf.GGUF_DEFAULT_ALIGNMENT
+    align = kv["general.alignment"].value if "general.alignment" in kv else gguf.GGUF_DEFAULT_ALIGNMENT
+    if isinstance(align, (list, tuple, str, bytes, float)) or not 1 <= int(align) <= 1 << 20:
+        raise ValueError(f"general.alignment is {str(align)[:40]}, not a whole number of bytes in 1..2**20")
+    align = int(align)
     data_start = -(-c.pos // align) * align
     return GGUFMeta(kv, [_tensor_entry(i, data_start, len(buf)) for i in infos])
 
@@ -169,7 +173,9 @@ def _tensor_entry(info: tuple, data_start: int, size: int) -> TensorEntry:
     """Build a TensorEntry and check that its data fits in the file."""
     name, ne, type_id, offset = info
     block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
-    n = int(np.prod(ne, dtype=np.int64))
+    if any(d >= 1 << 40 for d in ne) or math.prod(ne) >= 1 << 50:  # an int64 product would wrap
+        raise ValueError(f"tensor {name!r} has dimensions {ne}, larger than any file")
+    n = math.prod(ne)
     nbytes = n // block * type_size
     begin = data_start + offset
     if begin + nbytes > size:

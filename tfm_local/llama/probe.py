@@ -32,7 +32,9 @@ _OK = "tfm-probe-ok"
 
 def _key(path: Path) -> str:
     st = path.stat()
-    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    # st_ctime_ns too: a write in place that restores the size and the modification time (os.utime)
+    # still moves the change time, which no user call can set back
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
 
 
 def _cache() -> Path:
@@ -67,7 +69,7 @@ def _remember(key: str) -> None:
 
 
 def passed(path: str | os.PathLike) -> bool:
-    """Whether this very file (path, size, modification time, inode) passed the probe before, and with
+    """Whether this very file (path, size, modification and change times, inode) passed the probe before, and with
     it the quick checks that run first (``model._check_file``)."""
     return _known(_key(Path(path)))
 
