@@ -64,6 +64,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
             other than F32/F16/BF16.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read for ever
+        raise ConvertError(f"{path} is not a regular file")
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:

@@ -107,6 +107,8 @@ def _refuse_unsupported(cfg: dict, source: str) -> None:
 def read_config(folder: Path) -> DFlashConfig:
     """Read and validate ``folder/config.json``; ConvertError when missing or malformed."""
     path = folder / "config.json"
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read for ever
+        raise ConvertError(f"{path} is not a regular file")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

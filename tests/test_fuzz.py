@@ -267,3 +267,19 @@ def test_a_file_written_in_place_is_probed_again(files, tmp_path, monkeypatch):
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert p.stat().st_mtime_ns == st.st_mtime_ns and p.stat().st_size == st.st_size
     assert not probe.passed(p)
+
+
+def test_a_fifo_in_a_checkpoint_is_refused_not_waited_on(files, tmp_path):
+    import os
+    import shutil
+
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.pipeline import convert_checkpoint
+
+    for name in ("model.safetensors", "config.json"):
+        ck = tmp_path / name.split(".")[0]
+        shutil.copytree(files["checkpoint"], ck)
+        (ck / name).unlink()
+        os.mkfifo(ck / name)
+        with pytest.raises(ConvertError, match="not a regular file"):
+            convert_checkpoint(ck, files["target"], tmp_path / "out.gguf")
