@@ -139,9 +139,12 @@ F16_MAX = 65504.0
 def _fits(a: np.ndarray, qt: QT, name: str) -> np.ndarray:
     """``a`` when its values survive type ``qt``; ConvertError when a value beyond the float16 range
     would become infinite in an F16 tensor or a block type's float16 scale (F32 and BF16 hold them)."""
-    if qt not in (QT.F32, QT.BF16) and a.size and float(np.max(np.abs(a))) >= F16_MAX:
+    if qt in (QT.F32, QT.BF16) or not a.size:
+        return a
+    largest = float(np.max(np.abs(a)))
+    if largest >= F16_MAX:
         raise ConvertError(f"tensor {name!r} holds values beyond the float16 range (±{F16_MAX:g}, largest "
-                           f"{float(np.max(np.abs(a))):.3g}), which its type {qt.name} cannot store: "
+                           f"{largest:.3g}), which its type {qt.name} cannot store: "
                            "convert it with --outtype f32 or bf16, or check the checkpoint")
     return a
 

@@ -359,6 +359,14 @@ void topk_build_row(ggml_context * ctx, const topk_config & cfg, llama_sampler_d
 }
 
 // Row of src that the row view points at.
+// Rows of a logits matrix without the row of zeros llama.cpp appends to it (build_sampling pads the
+// logits with one row to keep a one-output graph static).
+int64_t batch_rows(const ggml_tensor * src) {
+    const bool padded = src->op == GGML_OP_PAD && src->ne[1] >= 2 && src->src[0] != nullptr &&
+                        src->src[0]->ne[1] == src->ne[1] - 1;
+    return padded ? src->ne[1] - 1 : src->ne[1];
+}
+
 size_t row_index(const ggml_tensor * row, const ggml_tensor * src) {
     return row->view_offs / src->nb[1];
 }
@@ -391,8 +399,7 @@ void topk_build(ggml_context * ctx, ggml_cgraph * gf, topk_config & cfg, llama_s
         cfg.rows_src   = src;
         cfg.rows_ids   = r.ids;
         cfg.rows_logp  = r.logp;
-        const bool padded = src->op == GGML_OP_PAD && src->src[0] != nullptr && src->src[0]->ne[1] == src->ne[1] - 1;
-        cfg.rows_real  = padded ? src->ne[1] - 1 : src->ne[1];
+        cfg.rows_real  = batch_rows(src);
         ggml_set_name(cfg.rows_ids, "tfm_topk_ids");
         ggml_set_name(cfg.rows_logp, "tfm_topk_logp");
         ggml_set_output(cfg.rows_ids);   // read after the decode by tfm_topk_get
@@ -709,11 +716,10 @@ void sample_build(ggml_context * ctx, ggml_cgraph * gf, sample_config & cfg, lla
     }
     if (cfg.rows_src != src) {
         cfg.rows_src = src;
-        // llama.cpp pads the logits with one row of zeros (build_sampling, to keep a one-output graph
-        // static): leave it out, a row of 151,936 tied logits is the slowest input of every filter
+        // leave llama.cpp's pad row out: a row of 151,936 tied logits is the slowest input of every filter
         ggml_tensor * rows = const_cast<ggml_tensor *>(src);
-        if (src->op == GGML_OP_PAD && src->ne[1] >= 2 && src->src[0] != nullptr && src->src[0]->ne[1] == src->ne[1] - 1) {
-            rows = ggml_view_2d(ctx, rows, src->ne[0], src->ne[1] - 1, src->nb[1], 0);
+        if (batch_rows(src) < src->ne[1]) {
+            rows = ggml_view_2d(ctx, rows, src->ne[0], batch_rows(src), src->nb[1], 0);
         }
         cfg.keys = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, rows->ne[1]);
         ggml_set_name(cfg.keys, "tfm_sample_keys");

@@ -7,8 +7,8 @@ until ``--tokens`` tokens are generated. After every request the engine's caches
 rows do not run past them) and the process's resident memory is read (``/proc/self/statm``). Warm-up
 first: every mode and sampling for ``--warmup-tokens`` tokens (buffers of new batch shapes, CUDA
 graphs, the automatic budget's first probes); memory growth is counted from the resident memory at
-the end of the warm-up, for every measured run. Prints a table and writes JSON; exits 1 when a check failed or memory grew by
-more than ``--max-growth-mb``.
+the end of the warm-up, for every measured run. Prints a table and writes JSON; exits 1 when a check
+failed or memory grew by more than ``--max-growth-mb``.
 
     tfm-bench-soak --tokens 20000 --modes auto,ddtree@16 --json soak.json
 """

@@ -173,9 +173,9 @@ def _tensor_entry(info: tuple, data_start: int, size: int) -> TensorEntry:
     """Build a TensorEntry and check that its data fits in the file."""
     name, ne, type_id, offset = info
     block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
-    if any(d >= 1 << 40 for d in ne) or math.prod(ne) >= 1 << 50:  # an int64 product would wrap
+    n = math.prod(ne)  # Python's int: an int64 product would wrap
+    if any(d >= 1 << 40 for d in ne) or n >= 1 << 50:
         raise ValueError(f"tensor {name!r} has dimensions {ne}, larger than any file")
-    n = math.prod(ne)
     nbytes = n // block * type_size
     begin = data_start + offset
     if begin + nbytes > size:
