@@ -34,6 +34,11 @@ after ``probe_min`` steps instead of its cost-based gap, so a GPU reaches its
 real budget within a few probes, while on a CPU (costs linear in n) it stops
 after one or two.
 
+A pass size measured once is cold and prices nothing while a warm size (two samples) exists: the
+next due probe measures it again (``PassCosts.cold``; on the H200 an explored 16-node pass took 32 ms
+the first time and 4.3 after, and that one sample kept the budget at 8 nodes, where speculation did
+not pay, on a set where DDTree@16 ran at 1.25x plain).
+
 The running costs (c, d, the probe cycle's) forget their first sample (on a
 GPU the first pass of a shape captures its CUDA graph: 26 ms for a pass that
 then takes 1.9) and cap later outliers at twice the mean (``running_cost``).
@@ -107,6 +112,12 @@ class PassCosts:
     n), interpolates linearly between measured n, extends past the largest with the slope of the last
     segment (never below the last value) and below the smallest with the smallest's value. Units:
     seconds.
+
+    A size measured once is **cold** (``cold``): on a GPU the first pass of a new shape loads its
+    kernels and captures its graph (H200, 2026-12-03: a 16-node pass 32 ms the first time, 4.3 ms
+    after). Once some size above one token is warm (measured twice), ``estimate`` leaves cold sizes
+    out: one cold sample would otherwise price its size, and through the running maximum every larger
+    one, out of the budget for good, and so never be measured again.
     """
 
     def __init__(self, alpha: float = 0.3):
@@ -130,15 +141,22 @@ class PassCosts:
         """How many passes of exactly ``n`` tokens were measured."""
         return self._count.get(n, 0)
 
-    def largest(self) -> int:
-        """The largest pass size measured (0 before any record)."""
-        return max(self._mean, default=0)
+    def largest(self, warm: bool = False) -> int:
+        """The largest pass size measured (``warm``: measured at least twice); 0 when there is none."""
+        return max((n for n in self._mean if not warm or self._count[n] >= 2), default=0)
+
+    def cold(self) -> list[int]:
+        """Sizes above one token measured exactly once, largest first."""
+        return sorted((n for n, c in self._count.items() if c == 1 and n > 1), reverse=True)
 
     def estimate(self, n: int | np.ndarray) -> float | np.ndarray | None:
         """Estimated seconds of a pass over ``n`` tokens (scalar or array); None before any record."""
         if not self._mean:
             return None
-        xs = np.array(sorted(self._mean), dtype=np.float64)
+        used = self._mean.keys()
+        if self.largest(warm=True) > 1:  # cold sizes out (the class's note); plain passes stay in
+            used = [m for m in used if self._count[m] >= 2 or m == 1]
+        xs = np.array(sorted(used), dtype=np.float64)
         # a pass over more tokens never costs less: a size measured cheaper than a smaller one (a few
         # noisy samples) would otherwise be the budget chosen, and the bet lose (the 2-core CPU)
         ys = np.maximum.accumulate(np.array([self._mean[int(x)] for x in xs]))
@@ -243,10 +261,17 @@ class AutoBudget:
         alpha_accept: the same for the accepted and predicted tokens behind ``ratio``. A step's accepted
             count varies a lot (a chain of 15 at 85% a position: mean 5.2, deviation ~4), and at 0.2 the
             ratio's running value swung to 0.3 within tens of steps of a steady drafter, stopping
-            speculation that paid 1.8x; at 0.05 it follows a change of text within ~20 steps. The first
+            speculation that paid 1.8x; at 0.05 its swings still ended speculation that paid 1.2x every
+            ~200 steps, and probes 256 steps apart took ~1,000 steps to restart it (simulated,
+            HumanEval-like drafter on H200 costs: 0.96x plain time where 0.81x was to be had; 0.88x at
+            0.03 with ``keep``). At 0.03 it follows a change of text within ~35 steps. The first
             steps take the plain mean with the prior (weights 1/2, 1/3, …), so that a miscalibrated
             drafter is found out within a few probes.
-        margin: speculation must beat plain decoding by this factor (``best_budget``, ``exploration``).
+        margin: speculation must beat plain decoding by this factor to start (``best_budget``,
+            ``exploration``).
+        keep: speculation under way goes on while it is predicted to run at this factor of plain
+            decoding or better (a hysteresis: one threshold for starting and stopping made the ratio's
+            noise stop it as often as it started).
     """
 
     first_probe: int = 7
@@ -257,8 +282,9 @@ class AutoBudget:
     overhead: float = 0.005
     probe_cap: int = 4096
     alpha: float = 0.2
-    alpha_accept: float = 0.05
+    alpha_accept: float = 0.03
     margin: float = 1.03
+    keep: float = 0.97
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -341,19 +367,19 @@ class AutoBudget:
             return self._plain(due <= self.window and (remaining is None or due <= remaining - 2))
         b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, speculative_only=True)
         x = self.exploration(k_max)
-        first = min(self.first_probe, k_max)
-        if self.costs.samples(first + 1) < 2:  # the first probe's pass was cold (a GPU captures its
-            b, x = first, 0                     # graph): measure that size again before pricing others
+        cold = [n for n in self.costs.cold() if n - 1 <= k_max]
+        if cold:  # a size's first pass was cold (a GPU loads its kernels): measure the largest such size
+            b, x = cold[0] - 1, 0                # again before it prices anything (``PassCosts.cold``)
         b = self._speculate(max(b, x), probe=True, every=2 * self._probe_every)
         if b and b == x:
-            self._explored, self._explored_from = x + 1, self.costs.largest()
+            self._explored, self._explored_from = x + 1, self.costs.largest(warm=True)
         return b
 
     def exploration(self, k_max: int) -> int:
         """The budget a due probe explores at (0: none): twice the nodes of the largest pass measured
         (at most ``k_max`` + 1), when speculation at ``k_max`` would beat plain decoding by the margin if
         passes beyond that largest size cost no more than it (the gain from the extrapolated curve)."""
-        n_max = self.costs.largest()
+        n_max = self.costs.largest(warm=True)
         if n_max < 2 or n_max > k_max:
             return 0
         flat = self.costs.estimate(n_max) + self.draft_s
@@ -392,7 +418,8 @@ class AutoBudget:
         if self._plain_kept > 0:
             self._plain_kept -= 1
             return 0
-        b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max)
+        margin = self.keep if self._spec else self.margin
+        b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, margin=margin)
         self._plain_kept = self.recheck - 1 if b == 0 else 0
         return b
 
@@ -454,7 +481,9 @@ class AutoBudget:
             self._n_cycles += 1
             self._cycle = 0.0
             self._probe_every = self._spacing(self._probe_every)
-            if self._explored:  # a pass no dearer than 1.5x the previous largest: explore on soon
+            if self._explored and self.costs.samples(self._explored) < 2:
+                self._probe_every = self.probe_min  # its first pass was cold: measure it again soon
+            elif self._explored:  # a pass no dearer than 1.5x the previous largest: explore on soon
                 grew = self.costs.estimate(self._explored) / self.costs.estimate(self._explored_from)
                 if grew < 1.5:
                     self._probe_every = self.probe_min
