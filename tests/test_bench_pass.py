@@ -33,7 +33,7 @@ def test_cli_end_to_end(target_path, tmp_path, capsys):
     assert (doc["ctx"], doc["threads"], doc["iters"], doc["warmup"]) == (N_PROMPT, 2, 2, 1)
     assert doc["feature_layers"] == [1, 2]  # spread over a 3-layer target, as a DFlash drafter's
     ran = [v for v in pb.VARIANTS if v not in doc["skipped"]]
-    assert set(ran) >= {"logits", "logits+argmax_host", "features", "last_row"}
+    assert set(ran) >= {"logits", "sample", "logits+argmax_host", "features", "last_row"}
     assert [(c["tokens"], c["variant"]) for c in doc["cases"]] == [(n, v) for n in (1, 4) for v in ran]
     for c in doc["cases"]:
         assert c["median_ms"] > 0 and c["min_ms"] > 0 and c["min_ms"] <= c["median_ms"]

@@ -8,6 +8,10 @@ then removed again (``llama_memory_seq_rm`` from ``n_prompt``, timed apart as
 - ``logits``: ``Target.verify`` — all n rows' logits copied to the host (today's chain verify);
 - ``argmax``: ``Target.verify(..., backend_choice=True)`` — each row's top-1 computed in the graph
   (``attach_argmax``), one int per row to the host; skipped when the backend cannot run it;
+- ``sample``: ``Target.verify(..., backend_choice=True)`` with the token sampler attached
+  (``attach_sampler``, T = 0.7 and top-p 0.95: a chat client's setting): each row's draw made in the
+  graph, one int per row to the host; skipped when the backend cannot run it. Random ids make flat
+  distributions, so the nucleus is larger than on real text (an upper bound of the op's cost);
 - ``logits+argmax_host``: ``Target.verify`` then ``np.argmax`` over all n rows (host greedy mode);
 - ``features``: ``Target.verify`` with the drafter's layer-input capture on
   (``Target.set_features``) and ``Target.features`` of all n rows read (a copy);
@@ -27,13 +31,17 @@ from typing import Callable
 import numpy as np
 
 from .gdn import time_stats
+from ..decode.sampling import SamplingParams
 from ..decode.verify import Target
 
-VARIANTS = ("logits", "argmax", "logits+argmax_host", "features", "last_row")
+VARIANTS = ("logits", "argmax", "sample", "logits+argmax_host", "features", "last_row")
+#: the ``sample`` variant's setting
+SAMPLE = SamplingParams(temperature=0.7, top_p=0.95)
 #: the method in one paragraph, for a result file
 METHOD = ("each pass: n random token ids decoded at positions ctx .. ctx+n-1 after a prompt of ctx random ids, "
           "results read to the host, then removed (llama_memory_seq_rm, timed as remove); "
           "logits = Target.verify (all n rows' logits), argmax = Target.verify(backend_choice=True) (top-1 in the graph), "
+          "sample = the same with the token sampler (T 0.7, top-p 0.95) drawing in the graph, "
           "logits+argmax_host = verify + np.argmax over all rows, features = verify with the drafter's "
           "layer inputs captured + Target.features of all rows, last_row = only the last row an output "
           "(submit = until the decode call returns; the rest is the wait for the backend); "
@@ -79,6 +87,9 @@ class PassBench:
         if variant == "argmax":
             if not t.attach_argmax(n_max):
                 return "the backend cannot run the top-1 sampler (Target.attach_argmax refused)"
+        elif variant == "sample":
+            if not t.attach_sampler(SAMPLE, 0, n_max):
+                return "the backend cannot run the token sampler (Target.attach_sampler refused)"
         elif variant == "features":
             try:
                 t.set_features(self.feature_layers)
@@ -116,7 +127,7 @@ class PassBench:
             ts = time.perf_counter()
             t.ctx.logits(1)  # llama_get_logits waits for the backend
             return ts
-        return {"logits": logits, "argmax": argmax, "logits+argmax_host": argmax_host, "features": features,
+        return {"logits": logits, "argmax": argmax, "sample": argmax, "logits+argmax_host": argmax_host, "features": features,
                 "last_row": last_row}[variant]
 
     def time(self, variant: str, tokens: list[int], n_warmup: int, n_iter: int) -> dict:

@@ -2,8 +2,9 @@
 
 Loads the target (``--target``: a path, ``hf://owner/repo/file.gguf`` or a built-in name), prefills
 ``--ctx`` random token ids, then for each pass size (``--tokens``) times ``--iters`` passes of n tokens
-appended after the prompt and removed again, in the variants of tfm_local/pass_bench.py: all rows'
-logits to the host (today's chain verify), the backend argmax, logits + host argmax, logits with the
+appended after the prompt and removed again, in the variants of tfm_local/bench/passes.py: all rows'
+logits to the host (today's chain verify), the backend argmax, the backend token sampler (T = 0.7,
+top-p 0.95), logits + host argmax, logits with the
 drafter's layer-input features captured and read, and the last row only (with the decode call's
 return time apart from the wait for the backend). Prints a table of median and min ms per pass and
 writes JSON (``--json``).
@@ -29,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=positive_int, default=512, help="prompt tokens prefilled (default 512)")
     ap.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128],
                     help="pass sizes n (default 1,2,4,8,16,32,64,128)")
-    ap.add_argument("--variants", default=",".join(pb.VARIANTS), help=f"what each pass reads back (default {','.join(pb.VARIANTS)}; see tfm_local/pass_bench.py)")
+    ap.add_argument("--variants", default=",".join(pb.VARIANTS), help=f"what each pass reads back (default {','.join(pb.VARIANTS)}; see tfm_local/bench/passes.py)")
     ap.add_argument("--feature-layers", type=int_list, default=None, help="layer inputs captured by the features "
                     "variant (default: the 5 a DFlash drafter for this target reads)")
     add_timing_args(ap, iters=20, warmup=3, threads=None)
