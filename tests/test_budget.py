@@ -108,7 +108,7 @@ def test_best_budget_matches_brute_force():
 
 
 def test_auto_budget_first_plain_then_probe_then_backs_off():
-    auto = AutoBudget(costs=LinearCosts(0.035, 0.06))
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06), skip_futile=False)  # the schedule alone
     auto.costs.known = lambda n: False
     assert auto.choose(15) == 0  # nothing measured: a plain step first
     auto.costs.known = lambda n: True
@@ -169,7 +169,7 @@ def test_auto_budget_keeps_a_plain_decision_for_recheck_steps(monkeypatch):
     calls = []
     real = budget.best_budget
     monkeypatch.setattr(budget, "best_budget", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
-    auto = AutoBudget(costs=LinearCosts(0.035, 0.06), recheck=4)
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06), recheck=4, skip_futile=False)
     weak = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
     auto.observe_spec(5, 0.35, 0.03, weak, 4, 0)
     assert [auto.choose(15) for _ in range(8)] == [0] * 8   # the first probe comes after 8 plain steps
@@ -293,7 +293,9 @@ WEAK = gain_curve(np.log(np.full(15, 0.05)) * np.arange(1, 16), 15)
 
 
 def _weak_auto(**kw) -> AutoBudget:
-    """An AutoBudget past its first probe on CPU-like costs with a weak drafter: plain decoding wins."""
+    """An AutoBudget past its first probe on CPU-like costs with a weak drafter: plain decoding wins.
+    Its probes follow the schedule (``skip_futile`` False unless given: they would all be futile)."""
+    kw.setdefault("skip_futile", False)
     auto = AutoBudget(costs=LinearCosts(0.035, 0.06), **kw)
     auto.observe_spec(5, 0.35, 0.03, WEAK, 4, 0)
     return auto
@@ -339,6 +341,44 @@ def test_plan_captures_the_prompt_only_when_the_generation_can_draft():
     assert not auto.capture and auto._covered == 0
 
 
+def _probe_gaps(auto: AutoBudget, steps: int, curve) -> tuple[list[int], int]:
+    """Plain steps between the probes of ``steps`` choices (each probe observed with ``curve`` and no
+    token accepted), and the plain steps that captured."""
+    gaps, since, captured = [], 0, 0
+    for _ in range(steps):
+        b = auto.choose(15)
+        since += 1
+        captured += bool(auto.capture and not b)
+        if b:
+            gaps.append(since)
+            since = 0
+            auto.observe_spec(b + 1, 0.1, 0.03, curve, b, 0)
+    return gaps, captured
+
+
+def test_probes_that_cannot_lead_to_speculation_are_skipped():
+    """CPU-like costs and a weak drafter (5% a position): no budget could pay even at the best curve
+    seen with passes no dearer than one token, so the due probes are skipped (no warm-up either), the
+    gap doubling up to ``probe_cap``, where the drafter is probed whatever the bound says. A strong
+    curve seen once keeps the probes on their schedule; so does ``skip_futile=False``."""
+    auto = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_cap=1024)
+    auto.observe_spec(5, 0.35, 0.03, WEAK, 4, 0)
+    assert auto.futile(15)
+    gaps, captured = _probe_gaps(auto, 6000, WEAK)
+    assert 2 <= len(gaps) <= 6 and min(gaps) >= 1024
+    assert captured <= len(gaps) * auto.window  # capture only before the probes made
+    assert not auto.plan(2000, 15) or auto._probe_every >= auto.probe_cap  # no prompt capture for a skipped probe
+
+    sched = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_cap=1024, skip_futile=False)
+    sched.observe_spec(5, 0.35, 0.03, WEAK, 4, 0)
+    assert len(_probe_gaps(sched, 6000, WEAK)[0]) >= 20
+
+    once = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_cap=1024)
+    once.observe_spec(16, 0.35, 0.03, gain_curve(np.log(np.full(15, 0.99)) * np.arange(1, 16), 15), 15, 0)
+    assert not once.futile(15)  # the best curve seen could pay: the text may turn easy again
+    assert len(_probe_gaps(once, 6000, WEAK)[0]) >= 20
+
+
 def _record(k: int, seconds: float, auto: AutoBudget, switched: bool, curve=WEAK):
     from tfm_local.decode.step import StepRecord
 
@@ -353,7 +393,7 @@ def test_probes_are_spaced_by_their_measured_cost():
     switch 10 ms: the probe cycle's cost sets the gap between probes so that probing stays within
     ``overhead`` (0.5%) of plain decoding, and probes still come (the doubling alone probed every 256
     steps: 3% here)."""
-    auto = AutoBudget(costs=PassCosts())
+    auto = AutoBudget(costs=PassCosts(), skip_futile=False)
     total, probes, was = 0.0, 0, True
     n = 30_000
     for _ in range(n):
@@ -396,7 +436,7 @@ def test_many_short_generations_cost_what_plain_decoding_costs():
     capturing step 0.02 ms more, a capture switch 0.3 ms (a graph rebuild), a probe 5.5 ms for one
     token. Across generations the probes keep their spacing and decoding costs at most ~1% more than
     plain."""
-    auto = AutoBudget(costs=PassCosts())
+    auto = AutoBudget(costs=PassCosts(), skip_futile=False)
     state, total, plain, probes = True, 0.0, 0.0, 0
     n_gen, length = 200, 160
     for _ in range(n_gen):

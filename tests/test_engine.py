@@ -343,3 +343,37 @@ def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, m
     finally:
         e.close()
 
+
+
+@pytest.mark.parametrize("budget", ["auto", 6], ids=["auto", "fixed"])
+def test_warm_up_changes_nothing_but_the_pass_costs(models, budget):
+    """A warmed-up engine (every pass shape run once at load, as on a GPU) generates exactly what a
+    cold one does, greedy and sampled, leaves its caches consistent and its capture as set_budget
+    left it, and hands the automatic budget two warm samples of every verification size; a larger
+    budget set later warms the new size only. A context too small for the largest size skips it."""
+    cold = Engine(models["target"], models["drafter"], n_ctx=512, budget=budget, warm_up=False)
+    warm = Engine(models["target"], models["drafter"], n_ctx=512, budget=budget, warm_up=True)
+    try:
+        assert not cold._warmed and not cold._pass_costs.known(1)
+        sizes = set(range(1, warm.budget + 2)) if budget == "auto" else {1, warm.budget + 1}
+        assert warm._warmed == sizes and warm._drafter_warmed
+        assert all(warm._pass_costs.samples(n) == 2 for n in sizes)
+        assert warm.target.feature_layers == cold.target.feature_layers
+        assert warm.target.n_past == 0 and warm.drafter.n_injected == 0 and not warm.target.choice_rows
+        for sp in (SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95, seed=5)):
+            for prompt in PROMPTS[:2]:
+                assert run_ids(warm, prompt, 40, sp) == run_ids(cold, prompt, 40, sp)
+                assert warm.state_problems() == []
+        warm.set_budget(0)
+        assert warm.target.feature_layers == [] and warm._warmed == sizes
+        warm.set_budget(12)
+        assert warm._warmed == sizes | {13} and warm.target.feature_layers == warm.drafter.layers
+    finally:
+        cold.close()
+        warm.close()
+    tiny = Engine(models["target"], models["drafter"], n_ctx=32, budget=40, tree="ddtree", warm_up=True)
+    try:
+        assert tiny._pass_costs.known(1) and not tiny._pass_costs.known(41)
+        assert tiny.generate(PROMPTS[0], max_tokens=8) is not None and tiny.state_problems() == []
+    finally:
+        tiny.close()

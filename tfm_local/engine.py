@@ -18,6 +18,7 @@ from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
 from .decode.step import TREE_SHAPES, DraftShape, run_step, set_capture
 from .decode.verify import Target
+from .decode.warmup import warm_up
 from .llama.tokenizer import StreamDecoder, encode_chat
 from .stops import StopMatcher
 
@@ -82,6 +83,9 @@ class Engine:
         draft_vocab: the drafter's draft vocabulary (``drafters.apply_draft_vocab``): "auto" (default;
             the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``; on a GPU the full
             vocabulary, ``drafters.draft_vocab_on``), "full" (none), or an ``.npy`` file of target token ids.
+        warm_up: run every pass shape the budget can take once at load, and again for new shapes at
+            ``set_budget`` (``decode.warmup``: a GPU's first pass of a shape loads its kernels, 10-50 ms
+            on the H200, which would otherwise fall inside a generation); None (default) = on a GPU.
     Raises:
         ValueError: a bad option (checked before any model is loaded, but ``tree_top_k`` above the
             target's vocabulary, checked once it is).
@@ -93,7 +97,7 @@ class Engine:
                  n_ctx: int = 4096, budget: int | str | None = "auto", kv_type: str = "f16",
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
                  tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto",
-                 draft_vocab: str | os.PathLike = "auto"):
+                 draft_vocab: str | os.PathLike = "auto", warm_up: bool | None = None):
         from .files.drafters import check_draft_vocab_mode, draft_vocab_on, resolve_drafter
         from .llama.model import gpu_available
         from .files.models import DEFAULT_TARGET, resolve_model
@@ -125,6 +129,9 @@ class Engine:
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
         self._auto_states: dict[str, AutoBudget] = {}  # per draft shape, kept across set_budget calls
+        self._warm = on_gpu if warm_up is None else bool(warm_up)
+        self._warmed: set[int] = set()       # verification sizes warmed up (``_warm_up``)
+        self._drafter_warmed = False
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
@@ -143,6 +150,8 @@ class Engine:
         if isinstance(budget, str):
             self.set_budget(None)
             self.auto = self._auto_for(self.tree_mode) if self.drafter is not None else None
+            if self._warm:
+                self._warm_up(auto=True)
             return
         self.auto = None
         if self.drafter is None:
@@ -156,6 +165,25 @@ class Engine:
         if self.drafter is not None and (b > 0) != (self.budget > 0):
             self.target.set_features(self.drafter.layers if b > 0 else [])
         self.budget = b
+        if self._warm:
+            self._warm_up(auto=False)
+
+    def _warm_up(self, auto: bool) -> None:
+        """Warm up the verification sizes this budget can use and have not been (every size up to the
+        ceiling for the automatic budget, else one token and the budget's tree) and, once, the drafter's
+        passes (``decode.warmup``); the sizes' warm costs go to the automatic budget's pass costs."""
+        n_max = self.budget + 1 if self.active_drafter is not None else 1
+        sizes = set(range(1, n_max + 1)) if auto else {1, n_max}
+        new = sorted(sizes - self._warmed)
+        dft = self.active_drafter if not self._drafter_warmed else None
+        if not new and dft is None:
+            return
+        window = AutoBudget.window if dft is not None else 0
+        warm_up(self.target, dft, new, self._pass_costs, self.backend_argmax,
+                inject_rows=window + dft.block_size if dft is not None else 0,
+                sampler_rows=n_max if new else 0, top_k=self.tree_top_k)
+        self._warmed |= set(new)
+        self._drafter_warmed = self._drafter_warmed or dft is not None
 
     def set_draft(self, tree: str, budget: int | str | None) -> None:
         """Switch the draft shape (``"chain"``, ``"ddtree"``, ``"wide"``) and the budget (as ``set_budget``).

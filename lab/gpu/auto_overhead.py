@@ -3,7 +3,9 @@
 
 Prints, per mode, the step's phases (ms a step, as tfm-bench), the budget's counters (probes, capturing
 plain steps, capture switches), the probes one by one (verify and drafting time, accepted / predicted,
-the calibration r, the probe cycle's cost and the gap to the next probe), and the Python functions whose
+the calibration r, the probe cycle's cost and the gap to the next probe), the steps by kind (plain decoding's, and the automatic budget's stretch,
+plain, capturing, switching, probe and speculative steps: count, ms, and the sum beyond plain decoding's
+median step per token), and the Python functions whose
 time per step differs most between the modes (cProfile, own time). Runs on the CPU too (slowly).
 
     python3 lab/gpu/auto_overhead.py --target ~/w/model.gguf --set humaneval -n 10 --tokens 256 \
@@ -48,6 +50,33 @@ def main() -> None:
                            probe_every=self._probe_every))
 
     budget_module.AutoBudget.observe_spec = observe_spec
+
+    import numpy as np
+    import tfm_local.engine as engine_module
+
+    steps_by_kind: dict[str, list] = {}
+    current = {"mode": None}
+    real_run_step = engine_module.run_step
+
+    def run_step(target, drafter, shape, budget, auto, *rest):
+        rec = real_run_step(target, drafter, shape, budget, auto, *rest)
+        if current["mode"] is not None:
+            if current["mode"] == "plain":
+                kind = "plain"
+            elif drafter is None:
+                kind = "auto: stretch"
+            elif rec.speculative:
+                kind = "auto: probe" if rec.probe else "auto: speculative"
+            elif rec.switched:
+                kind = "auto: capture switched"
+            else:
+                kind = "auto: capturing" if rec.capture else "auto: plain, no capture"
+            steps_by_kind.setdefault(kind, []).append(
+                [1e3 * rec.t_step, 1e3 * rec.phases["submit"], 1e3 * rec.phases["verify"],
+                 1e3 * rec.phases["drafter"], len(rec.tokens)])
+        return rec
+
+    engine_module.run_step = run_step
     tree = "ddtree" if a.mode.startswith("ddtree") else "chain"
     eng = Engine(a.target, a.drafter, budget="auto", tree=tree, n_threads=a.threads)
     prompts = load_prompt_set(a.set, a.n)
@@ -65,9 +94,11 @@ def main() -> None:
         ids = eng.prompt_tokens(p.messages)
         for m, b in modes.items():
             eng.set_budget(b)
+            current["mode"] = m
             prof[m].enable()
             list(eng.generate_ids(ids, a.tokens, sp))
             prof[m].disable()
+            current["mode"] = None
             rows[m].append(eng.stats.to_dict())
     out = dict(command=" ".join(__import__("sys").argv), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                elapsed_s=time.time() - t0, modes={}, probes=probes)
@@ -94,6 +125,20 @@ def main() -> None:
         print(f"  {'probe' if q['probe'] else 'spec '} {q['n_nodes']:>3} {q['verify_ms']:7.2f} {q['draft_ms']:7.2f}"
               f"  {q['accepted']} / {q['predicted']:.2f}  r {q['ratio']:.2f}  "
               f"{q['probe_cost_ms'] if q['probe_cost_ms'] is None else round(q['probe_cost_ms'], 2)}  {q['probe_every']}")
+    kinds = {}
+    base_ms = float(np.median([r[0] for r in steps_by_kind.get("plain", [[0.0]])]))
+    print(f"\nsteps by kind (ms; extra = sum of t_step beyond plain decoding's median step per token)")
+    print(f"  {'kind':<26}{'n':>6}{'median':>8}{'mean':>8}{'submit':>8}{'verify':>8}{'drafter':>8}{'extra ms':>10}")
+    for kind, v in sorted(steps_by_kind.items()):
+        x = np.array(v)
+        extra = float(np.sum(x[:, 0] - base_ms * x[:, 4]))
+        kinds[kind] = dict(n=len(x), median_ms=float(np.median(x[:, 0])), mean_ms=float(x[:, 0].mean()),
+                           submit_ms=float(x[:, 1].mean()), verify_ms=float(x[:, 2].mean()),
+                           drafter_ms=float(x[:, 3].mean()), extra_ms=extra)
+        k = kinds[kind]
+        print(f"  {kind:<26}{k['n']:>6}{k['median_ms']:>8.2f}{k['mean_ms']:>8.2f}{k['submit_ms']:>8.2f}"
+              f"{k['verify_ms']:>8.2f}{k['drafter_ms']:>8.2f}{extra:>10.1f}")
+    out["steps_by_kind"] = kinds
     diff = {k: own[a.mode].get(k, 0.0) - own["plain"].get(k, 0.0) for k in set(own[a.mode]) | set(own["plain"])}
     top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:20]
     out["python_own_us_per_step_diff"] = dict(top)

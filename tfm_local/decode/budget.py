@@ -87,20 +87,27 @@ import numpy as np
 OUTLIER = 2.0
 
 
-def running_cost(mean: float | None, sample: float, alpha: float, warm: bool) -> float:
+#: The same for a probe cycle's cost, whose samples vary more (a cycle that accepted its drafts costs
+#: little, one with capture switches and a deferred injection tens of plain steps): capped at twice
+#: the mean, a cheap first cycle kept the running cost at 1.2-3 ms for the whole of a 10-prompt run on
+#: the H200 (growing 1.2x a cycle) while the cycles cost ~15-25 ms, and the probes came 5x too often.
+PROBE_OUTLIER = 10.0
+
+
+def running_cost(mean: float | None, sample: float, alpha: float, warm: bool, cap: float = OUTLIER) -> float:
     """The next value of a running mean of costs (seconds) after ``sample``.
 
     ``warm``: the mean so far holds only the first sample, which carries one-time costs (on a GPU the
     first pass of a shape captures its CUDA graph and allocates: 26 ms for a 2-token pass that then
     takes 1.9 ms, a first drafter call of 19 ms against 2 ms; H200, 2026-12-02): the second sample
     replaces it (not the lower of the two: that would bias the costs low). Later samples enter an
-    exponential moving average (weight ``alpha``), each capped at ``OUTLIER`` times the mean, so that
+    exponential moving average (weight ``alpha``), each capped at ``cap`` times the mean, so that
     a single slow step cannot price speculation out for hundreds of steps while a real change (a
     slower machine, a longer context) still comes through within a few.
     """
     if mean is None or warm:
         return sample
-    return (1 - alpha) * mean + alpha * min(sample, OUTLIER * mean)
+    return (1 - alpha) * mean + alpha * min(sample, cap * mean)
 
 
 class PassCosts:
@@ -268,10 +275,16 @@ class AutoBudget:
             steps take the plain mean with the prior (weights 1/2, 1/3, …), so that a miscalibrated
             drafter is found out within a few probes.
         margin: speculation must beat plain decoding by this factor to start (``best_budget``,
-            ``exploration``).
+            ``exploration``, ``futile``). At 1.03 the bets near the margin lost on the 2-core CPU, where
+            a verification of 2-6 nodes costs 1.8-3.5 plain steps and a predicted gain of a few percent
+            is within the model's error (HumanEval 0.95x plain, 2026-12-03: 20 such steps in 20
+            prompts, one prompt 17 of them and 1.1 s lost).
+        skip_futile: skip the probes that cannot lead to speculation (``futile``); False probes on the
+            schedule alone.
         keep: speculation under way goes on while it is predicted to run at this factor of plain
             decoding or better (a hysteresis: one threshold for starting and stopping made the ratio's
-            noise stop it as often as it started).
+            noise stop it as often as it started). At 0.97 a run of bets predicted to lose up to 3% went
+            on, against the bar of the automatic budget (never below 0.98x plain).
     """
 
     first_probe: int = 7
@@ -283,11 +296,13 @@ class AutoBudget:
     probe_cap: int = 4096
     alpha: float = 0.2
     alpha_accept: float = 0.03
-    margin: float = 1.03
-    keep: float = 0.97
+    margin: float = 1.08
+    skip_futile: bool = True
+    keep: float = 1.0
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
+    best_curve: np.ndarray | None = None  # elementwise maximum of the gain curves seen (``futile``)
     accepted: float = 1.0   # running means of accepted and predicted drafted tokens per speculative
     predicted: float = 1.0  # step, from a prior of one each (``ratio``)
     probing: bool = False
@@ -303,6 +318,7 @@ class AutoBudget:
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
     _n_spec: int = 0        # speculative steps observed (the first one's drafting time is a warm-up)
     _n_cycles: int = 0      # probe cycles closed (the first one's cost is a warm-up)
+    _gated: bool = False    # the probe due has been checked for futility (``futile``)
     _explored: int = 0      # pass size that the probe under way explores (0: none), and the largest
     _explored_from: int = 0  # measured size before it
 
@@ -331,7 +347,9 @@ class AutoBudget:
             return True
         if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max) > 0:
             return True
-        return self._probe_every - self._since_probe <= max_tokens - 3  # as its first ``choose`` will count
+        if self._probe_every - self._since_probe > max_tokens - 3:  # as its first ``choose`` will count
+            return False
+        return not self.futile(k_max)
 
     def begin(self, captured: bool) -> None:
         """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
@@ -363,6 +381,12 @@ class AutoBudget:
         self._spec = False
         self._since_probe += 1
         due = self._probe_every + 1 - self._since_probe  # steps until the probe (0: this one)
+        if due <= self.window and not self._gated:  # before its warm-up begins: can the probe matter?
+            self._gated = True
+            if self.futile(k_max):
+                self._since_probe, self._gated = 0, False
+                self._probe_every = min(2 * self._probe_every, self.probe_cap)
+                return self._plain(False)
         if due > 0:
             return self._plain(due <= self.window and (remaining is None or due <= remaining - 2))
         b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, speculative_only=True)
@@ -374,6 +398,23 @@ class AutoBudget:
         if b and b == x:
             self._explored, self._explored_from = x + 1, self.costs.largest(warm=True)
         return b
+
+    def futile(self, k_max: int) -> bool:
+        """Whether a probe now could not lead to speculation: no budget up to ``k_max`` beats plain
+        decoding by the margin even with the best gain curve seen so far (``best_curve``, times the
+        calibration r where it is above 1) and passes beyond the largest warm size no dearer than that
+        size (the optimistic costs of ``exploration``). Such a probe is skipped and the gap doubles, up
+        to ``probe_cap``, where the drafter is probed whatever the bound says (the text may have changed).
+        On the 2-core CPU (a 2-node pass 2.3x a 1-token one, a 16-node pass 13x) no budget ever paid for
+        the shipped drafter, and its probes, one per ~140 steps, cost 1-3% of the time."""
+        if (not self.skip_futile or self.best_curve is None or self.draft_s is None
+                or self._probe_every >= self.probe_cap or k_max < 1):
+            return False
+        n_warm = max(self.costs.largest(warm=True), 1)
+        b = np.arange(1, k_max + 1)
+        c = np.asarray(self.costs.estimate(np.minimum(b + 1, n_warm)))
+        g = max(self.ratio, 1.0) * extrapolate(self.best_curve[:k_max], k_max)
+        return float(np.max((1.0 + g) / (c + self.draft_s))) <= self.margin / self.costs.estimate(1)
 
     def exploration(self, k_max: int) -> int:
         """The budget a due probe explores at (0: none): twice the nodes of the largest pass measured
@@ -398,7 +439,7 @@ class AutoBudget:
         if self._covered < self.window:
             self._warming = True
             return self._plain(True)
-        self._since_probe = 0
+        self._since_probe, self._gated = 0, False
         self._probe_every = self._spacing(every)
         self.probing, self.capture, self._spec = probe, True, not probe
         self._covered = SYNCED
@@ -475,9 +516,13 @@ class AutoBudget:
         if rec.probe:
             # at least what the probe step itself cost beyond plain steps of its tokens, from the running
             # costs: the cycle's sum over tens of steps carries their noise (±5% a step on the 2-core
-            # CPU, where it came out near 0 and the probes came every ~130 steps at ~1.5% of the time)
-            own = float(self.costs.estimate(rec.n_nodes)) + (self.draft_s or 0.0) - c1 * len(rec.tokens)
-            self.probe_cost = running_cost(self.probe_cost, max(self._cycle, own, 0.0), a, self._n_cycles == 1)
+            # CPU, where it came out near 0 and the probes came every ~130 steps at ~1.5% of the time);
+            # with this probe's injection of the deferred rows (``t_sync``: 10-30 ms there, left out
+            # of ``draft_s``), which was missing from it until 2026-12-03 (probes every ~140 steps)
+            own = (float(self.costs.estimate(rec.n_nodes)) + (self.draft_s or 0.0) + rec.t_sync
+                   - c1 * len(rec.tokens))
+            self.probe_cost = running_cost(self.probe_cost, max(self._cycle, own, 0.0), a, self._n_cycles == 1,
+                                           cap=PROBE_OUTLIER)
             self._n_cycles += 1
             self._cycle = 0.0
             self._probe_every = self._spacing(self._probe_every)
@@ -503,6 +548,9 @@ class AutoBudget:
         self.draft_s = running_cost(self.draft_s, draft_s, a, self._n_spec == 1)
         self._n_spec += 1
         self.curve = self._blend(self.curve, curve, a)
+        n = max(len(curve), 0 if self.best_curve is None else len(self.best_curve))
+        new = _extend(np.asarray(curve, dtype=np.float64), n)
+        self.best_curve = new if self.best_curve is None else np.maximum(_extend(self.best_curve, n), new)
         pred = float(curve[budget - 1]) if budget >= 1 else 0.0
         a = max(self.alpha_accept, 1.0 / (self._n_spec + 1))  # a plain mean from the prior, then running
         self.accepted = (1 - a) * self.accepted + a * accepted
