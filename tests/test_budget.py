@@ -254,8 +254,8 @@ def fixed_draft_time(auto: AutoBudget, seconds: float) -> None:
     """Make the chooser see a stated drafting time (measured times vary with the machine's load)."""
     real = auto.observe_spec
 
-    def observe(n_nodes, verify_s, draft_s, curve, budget, accepted):
-        real(n_nodes, verify_s, seconds, curve, budget, accepted)
+    def observe(n_nodes, verify_s, draft_s, curve, budget, accepted, record=True):
+        real(n_nodes, verify_s, seconds, curve, budget, accepted, record=record)
         auto.draft_s = seconds
 
     auto.observe_spec = observe
@@ -561,16 +561,24 @@ def test_engine_reports_a_stretch_cut_short(pair):
 
 def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: float, p_accept: float,
               capture_s: float = 0.0, probe_extra_s: float = 0.0, seed: int = 0, k_cap: int = 15,
-              first_probe_extra_s: float | None = None, cold_pass_s: float = 0.0) -> dict:
+              first_probe_extra_s: float | None = None, cold_pass_s: float = 0.0,
+              switch_pass_s: float = 0.0, warm: tuple = ()) -> dict:
     """Drive ``auto`` through ``n_steps`` steps of a chain drafter whose every position is right with
     probability ``p_accept``, on a machine where a plain step costs ``plain_s``, a verification of n
     nodes ``pass_s(n)``, drafting ``draft_s``, a capturing plain step ``capture_s`` more and a probe
     ``probe_extra_s`` more outside its pass and drafting (a probe cycle measured 27.7 ms on the H200
     against ~5 ms from its parts; a batched injection's time is such a part), the first probe
     ``first_probe_extra_s`` (default the same: a cold first cycle is dearer), and the first pass of
-    each size ``cold_pass_s`` more (a GPU loads the kernels of a new shape). Returns the
+    each size ``cold_pass_s`` more (a GPU loads the kernels of a new shape), and a pass whose size
+    differs from either of the two passes before it ``switch_pass_s`` more (upstream ggml-cuda's one
+    CUDA graph per context: the first pass of another shape runs kernel by kernel, the second captures).
+    ``warm``: pass sizes whose costs are recorded twice first (the engine's warm-up at load). Returns the
     time against plain decoding's for the same tokens, the budgets chosen and the probes."""
     rng = np.random.default_rng(seed)
+    for n in warm:
+        for _ in range(2):
+            auto.costs.record(n, plain_s if n == 1 else pass_s(n))
+    last2 = [0, 0]
     curve = gain_curve(np.log(np.full(k_cap, p_accept)) * np.arange(1, k_cap + 1), k_cap)
     total = tokens = 0.0
     budgets, probes, seen = [], 0, set()
@@ -585,6 +593,8 @@ def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: f
             seen.add(k + 1)
         else:
             accepted, t_verify, t_draft = 0, plain_s + capture_s * auto.capture, 0.0
+        t_verify += switch_pass_s * (k + 1 != last2[0] or last2[0] != last2[1])
+        last2 = [k + 1, last2[0]]
         from tfm_local.decode.step import StepRecord
 
         rec = StepRecord(pos=0, budget=k, n_nodes=k + 1, tokens=[1] * (accepted + 1),
@@ -724,3 +734,80 @@ def test_speculation_that_pays_is_not_stopped_by_the_ratios_noise():
                         first_probe_extra_s=0.03, cold_pass_s=0.028, seed=seed)
         ratios.append(got["ratio"])
     assert np.mean(ratios) < 0.92
+
+
+def test_on_a_gpu_the_budget_keeps_few_pass_shapes():
+    """H200, 2026-12-03 (docs/gpu.md): with every size allowed the budget moved by one node a step (16,
+    15, 14, … 5 on HumanEval); upstream ggml-cuda keeps one CUDA graph per context, so each pass of a new
+    size ran kernel by kernel (a speculative step 8.2 ms against DDTree@16's steady 6.6), that cost priced
+    its size out, the next size down was tried, and the budget stopped speculating where DDTree@16 ran at
+    1.2x plain. Simulated with the same penalty (4 ms on the first two passes of a size after another)
+    and the warm-up's costs: every size allowed, a HumanEval-like drafter ends in plain decoding; with
+    ``AutoBudget.on_gpu`` (passes of ``GPU_SIZES`` nodes, a size kept within 3% of the best, costs of
+    steady passes only) it speculates at 15 and runs at ~0.5x plain time."""
+    kw = dict(capture_s=0.00002, probe_extra_s=0.003, switch_pass_s=0.004)
+    every = AutoBudget(costs=PassCosts())
+    got = _simulate(every, 6000, 0.00195, h200_pass, 0.0018, 0.85, warm=tuple(range(1, 17)), seed=0, **kw)
+    assert got["ratio"] > 0.98 and len(set(got["budgets"])) > 5
+    for seed in range(3):
+        gpu = AutoBudget.on_gpu()
+        got = _simulate(gpu, 6000, 0.00195, h200_pass, 0.0018, 0.85, warm=(1, 2, 4, 8, 16), seed=seed, **kw)
+        assert set(got["budgets"]) <= {0, 1, 3, 7, 15}
+        assert got["ratio"] < 0.55 and np.mean([b > 0 for b in got["budgets"][500:]]) > 0.95
+    weak = AutoBudget.on_gpu()  # and where speculation does not pay, it stays within 0.5% of plain
+    got = _simulate(weak, 20_000, 0.00195, h200_pass, 0.0018, 0.55, warm=(1, 2, 4, 8, 16), **kw)
+    assert got["ratio"] < 1.005
+
+
+def test_gpu_budgets_are_the_sizes_allowed_and_costs_come_from_steady_passes():
+    """``AutoBudget.budgets`` / ``fit`` on ``GPU_SIZES`` (node counts 2, 4, 8, …: budgets 1, 3, 7, …),
+    every size on the CPU; with ``steady_costs`` a pass's cost is recorded from the third pass in a row
+    of its size (the first two after another shape run without a replayed CUDA graph)."""
+    from tfm_local.decode.budget import GPU_SIZES
+    from tfm_local.decode.step import StepRecord
+
+    gpu, cpu = AutoBudget.on_gpu(), AutoBudget()
+    assert gpu.sizes == GPU_SIZES and list(gpu.budgets(15)) == [1, 3, 7, 15]
+    assert list(gpu.budgets(10)) == [1, 3, 7] and list(gpu.budgets(0)) == []
+    assert list(cpu.budgets(4)) == [1, 2, 3, 4]
+    assert (gpu.fit(12, 63), gpu.fit(7, 63), gpu.fit(2, 63), gpu.fit(0, 63), gpu.fit(40, 20)) == (7, 7, 1, 0, 15)
+    assert cpu.fit(12, 63) == 12
+    passes = [(8, 0.010), (8, 0.010), (8, 0.004), (8, 0.004), (1, 0.006), (1, 0.006), (1, 0.002)]
+    for n, t in passes:
+        rec = StepRecord(pos=0, budget=n - 1, n_nodes=n, tokens=[1], capture=True,
+                         curve=gain_curve(np.log(np.full(n - 1, 0.8)) * np.arange(1, n), n - 1) if n > 1 else None)
+        rec.phases["verify"], rec.phases["drafter"] = t, 0.001 * (n > 1)
+        gpu.observe(rec)
+    assert gpu.costs.samples(8) == 2 and gpu.costs.estimate(8) == pytest.approx(0.004)
+    assert gpu.costs.samples(1) == 1 and gpu.costs.estimate(1) == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("tree", ["chain", "ddtree"])
+def test_engine_gpu_budget_verifies_passes_of_the_allowed_sizes_only(pair, tree):
+    """The engine with ``AutoBudget.on_gpu`` (what it takes on a GPU), drafts that are always right and
+    GPU-like costs: lossless, speculating, and every verification pass has one of ``GPU_SIZES`` nodes
+    (or one token), also in the last steps of a generation where fewer tokens are wanted."""
+    from tfm_local.decode.budget import GPU_SIZES
+    from tfm_local.engine import Engine
+
+    target, drafter = pair
+    with Engine(target, None, n_ctx=512) as plain, Engine(target, drafter, n_ctx=512, tree=tree) as e:
+        ids = plain.prompt_tokens(PROMPT)
+        ref = list(plain.generate_ids(ids, 45, plain_sp()))
+        e._auto_states[tree] = e.auto = AutoBudget.on_gpu(costs=LinearCosts(0.004, 0.00002))
+        fixed_draft_time(e.auto, 0.001)
+        sizes, observe = [], e.auto.observe
+
+        def record(rec):
+            sizes.append(rec.n_nodes)
+            observe(rec)
+
+        e.auto.observe = record
+        real = e.drafter
+        e.drafter = ScriptMarginals(real, len(ids), ref)
+        try:
+            assert list(e.generate_ids(ids, 45, plain_sp())) == ref
+        finally:
+            e.drafter = real
+        assert e.stats.n_spec_steps >= 3 and e.stats.tau > 3
+        assert set(sizes) <= {1, *GPU_SIZES} and len(set(sizes) - {1}) >= 1, sizes

@@ -129,6 +129,7 @@ class Engine:
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
         self._auto_states: dict[str, AutoBudget] = {}  # per draft shape, kept across set_budget calls
+        self._on_gpu = on_gpu  # the automatic budget's passes of few shapes (``AutoBudget.on_gpu``)
         self._warm = on_gpu if warm_up is None else bool(warm_up)
         self._warmed: set[int] = set()       # verification sizes warmed up (``_warm_up``)
         self._drafter_warmed = False
@@ -169,11 +170,13 @@ class Engine:
             self._warm_up(auto=False)
 
     def _warm_up(self, auto: bool) -> None:
-        """Warm up the verification sizes this budget can use and have not been (every size up to the
-        ceiling for the automatic budget, else one token and the budget's tree) and, once, the drafter's
+        """Warm up the verification sizes this budget can use and have not been (every size the
+        automatic budget may choose, ``AutoBudget.budgets``, else one token and the budget's tree) and, once, the drafter's
         passes (``decode.warmup``); the sizes' warm costs go to the automatic budget's pass costs."""
         n_max = self.budget + 1 if self.active_drafter is not None else 1
-        sizes = set(range(1, n_max + 1)) if auto else {1, n_max}
+        sizes = {1, n_max}
+        if auto and self.auto is not None:  # every size the budget may choose
+            sizes |= {int(b) + 1 for b in self.auto.budgets(n_max - 1)}
         new = sorted(sizes - self._warmed)
         dft = self.active_drafter if not self._drafter_warmed else None
         if not new and dft is None:
@@ -205,7 +208,8 @@ class Engine:
         """The auto-budget state of a draft shape (gain curves and draft times differ by shape;
         the target's pass costs are shared)."""
         if shape not in self._auto_states:
-            self._auto_states[shape] = AutoBudget(costs=self._pass_costs)
+            make = AutoBudget.on_gpu if self._on_gpu else AutoBudget
+            self._auto_states[shape] = make(costs=self._pass_costs)
         return self._auto_states[shape]
 
     @property

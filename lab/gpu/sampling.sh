@@ -7,8 +7,11 @@
 #   usage: sampling.sh STAGE [WAIT_SECONDS]
 #   tests   the CUDA op's standalone check (st_test, when .xfer/cudatest is carried) and the sampling,
 #           argmax and step tests on the GPU
-#   bench   the bars: plain, auto, ddtree@auto, greedy and T = 0.7 / top-p 0.95, first 40 prompts of
-#           each set, 256 tokens (tfm-bench --samplings)
+#   bench   the bars: plain, auto, ddtree@auto and ddtree@16, greedy and T = 0.7 / top-p 0.95, first 40
+#           prompts of each set, 256 tokens (tfm-bench --samplings; ~7 min)
+#   keyab   patch 0014 against upstream's CUDA-graph key (ggml_ops/dev/cuda-graph-single-key-switch.patch
+#           built in as 0099-): plain, auto, ddtree@auto, ddtree@16, greedy, 15 prompts a set, with and
+#           without TFM_CUDA_GRAPH_SINGLE_KEY=1
 #   t1      the same modes and ddtree@16 at T = 1 / top-p 1, and plain greedy for the ratio
 #   div     lab/gpu/divergence.py: DDTree@64/@128 against plain greedy, and the pass spread per size
 #   prof    lab/gpu/auto_overhead.py: plain against auto on 10 HumanEval and 10 MT-Bench prompts, the
@@ -25,7 +28,8 @@ case $stage in
       (cd .xfer/cudatest && nvcc -std=c++17 -O3 -use_fast_math -arch=sm_90 -DGGML_CUDA_SAMPLE_TOKENS_STANDALONE -I. st_test.cu -o /tmp/st_test && /tmp/st_test)
     fi
     python3 -m pytest -p no:cacheprovider -q -ra tests/test_sample_op.py tests/test_backend_sampling.py tests/test_greedy_argmax.py tests/test_step.py tests/test_sampling.py" ;;
-  bench) cmd="$B --modes plain,auto,ddtree@auto --samplings 'greedy;t=0.7,top_p=0.95' -n 40 --max-tokens 256 --json $ST/bench-sampling.json" ;;
+  bench) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=0.7,top_p=0.95' -n 40 --max-tokens 256 --json $ST/bench-sampling.json" ;;
+  keyab) cmd="for V in '' 1; do echo == TFM_CUDA_GRAPH_SINGLE_KEY=\$V; env \${V:+TFM_CUDA_GRAPH_SINGLE_KEY=1} $B --modes plain,auto,ddtree@auto,ddtree@16 -n 15 --max-tokens 256 --json $ST/bench-keyab\$V.json | tail -16; done" ;;
   t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
   div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;
   prof) cmd="for s in humaneval mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\$s.json; done" ;;

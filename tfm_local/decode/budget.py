@@ -194,7 +194,7 @@ def _extend(curve: np.ndarray, n: int) -> np.ndarray:
 
 
 def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: float, k_max: int,
-                margin: float = 1.03, speculative_only: bool = False) -> int:
+                margin: float = 1.03, speculative_only: bool = False, budgets: np.ndarray | None = None) -> int:
     """The budget in 0..``k_max`` with the highest predicted tokens per second.
 
     Args:
@@ -203,13 +203,16 @@ def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: floa
         curve: ``gain_curve`` ``[≥ k_max]``. ratio: calibration r.
         margin: speculation must beat plain decoding by this factor (noise guard).
         speculative_only: best B ≥ 1 even when plain decoding would win (probes).
+        budgets: the budgets B ≥ 1 to choose from (int ``[m]``, each ≤ ``k_max``); None = 1..``k_max``.
     Returns:
         0 for plain decoding, else B.
     """
     if k_max < 1:
         return 0
-    b = np.arange(1, k_max + 1)
-    rate = (1.0 + ratio * curve[:k_max]) / (np.asarray(costs.estimate(b + 1)) + draft_s)
+    b = np.arange(1, k_max + 1) if budgets is None else np.asarray(budgets, dtype=np.int64)
+    if len(b) == 0:
+        return 0
+    rate = (1.0 + ratio * np.asarray(curve)[b - 1]) / (np.asarray(costs.estimate(b + 1)) + draft_s)
     i = int(np.argmax(rate))
     if speculative_only:
         return int(b[i])
@@ -232,6 +235,13 @@ def extrapolate(curve: np.ndarray, n: int) -> np.ndarray:
     extra = inc[-1] * np.clip(q, 0.0, 0.95) ** np.arange(1, n - len(c) + 1)
     return np.concatenate([c, c[-1] + np.cumsum(extra)])
 
+
+#: The node counts of a verification pass under the automatic budget on a GPU (``AutoBudget.on_gpu``):
+#: few shapes, each of which keeps its CUDA graph (patch 0014). With every size allowed the budget moved
+#: by one node a step (16, 15, 14, … 5 on HumanEval, H200, 2026-12-03): every pass was of a new shape and
+#: ran kernel by kernel (a speculative step 8.2 ms against DDTree@16's steady 6.6), each such cost priced
+#: its size out, and the budget stopped speculating where DDTree@16 ran at 1.2x plain.
+GPU_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)
 
 #: ``AutoBudget._covered`` when the drafter holds the features of every committed token.
 SYNCED = 1 << 30
@@ -285,6 +295,14 @@ class AutoBudget:
             decoding or better (a hysteresis: one threshold for starting and stopping made the ratio's
             noise stop it as often as it started). At 0.97 a run of bets predicted to lose up to 3% went
             on, against the bar of the automatic budget (never below 0.98x plain).
+        sizes: the node counts a verification may have (None: any up to the ceiling); budgets are these
+            minus one. ``on_gpu``: ``GPU_SIZES``.
+        size_keep: speculation under way keeps its budget while it is predicted at this factor of the best
+            budget's rate or better (1.0: always the best), so that the pass keeps its shape.
+        steady_costs: a pass's cost is recorded only from the third pass in a row of its size (on a GPU
+            the first pass of a shape after another runs kernel by kernel and the second captures its
+            CUDA graph; ggml-cuda replays from the third). The sizes' warm costs come from the warm-up at
+            load (``decode.warmup``).
     """
 
     first_probe: int = 7
@@ -299,6 +317,9 @@ class AutoBudget:
     margin: float = 1.08
     skip_futile: bool = True
     keep: float = 1.0
+    sizes: tuple[int, ...] | None = None
+    size_keep: float = 1.0
+    steady_costs: bool = False
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -321,9 +342,36 @@ class AutoBudget:
     _gated: bool = False    # the probe due has been checked for futility (``futile``)
     _explored: int = 0      # pass size that the probe under way explores (0: none), and the largest
     _explored_from: int = 0  # measured size before it
+    _last_b: int = 0        # the budget of the last choice (0: plain)
+    _run_n: int = 0         # node count of the target's last pass, and how many passes in a row had it
+    _run_len: int = 0
 
     def __post_init__(self):
         self._probe_every = self.probe_min
+
+    @classmethod
+    def on_gpu(cls, costs: PassCosts | None = None, **kw) -> "AutoBudget":
+        """The budget for a target on a GPU: passes of ``GPU_SIZES`` nodes, a budget kept while within 3%
+        of the best, and costs from steady passes only (the fields' notes)."""
+        kw = {"sizes": GPU_SIZES, "size_keep": 0.97, "steady_costs": True, **kw}
+        return cls(costs=costs if costs is not None else PassCosts(), **kw)
+
+    def budgets(self, k_max: int) -> np.ndarray:
+        """The budgets a speculative step may take, up to ``k_max`` (int64 ``[m]``, ascending; empty when
+        ``k_max`` < 1): 1 .. ``k_max``, or ``sizes`` minus one (``k_max`` itself when none fits)."""
+        if k_max < 1:
+            return np.zeros(0, dtype=np.int64)
+        if self.sizes is None:
+            return np.arange(1, k_max + 1)
+        b = np.array(sorted({n - 1 for n in self.sizes if 1 <= n - 1 <= k_max}), dtype=np.int64)
+        return b if len(b) else np.array([k_max], dtype=np.int64)
+
+    def fit(self, b: int, k_max: int) -> int:
+        """The largest allowed budget (``budgets``) at most ``b`` (the smallest when none is); 0 for 0."""
+        if b < 1:
+            return 0
+        allowed = self.budgets(min(b, k_max)) if min(b, k_max) >= 1 else self.budgets(k_max)
+        return int(allowed[-1]) if len(allowed) else 0
 
     @property
     def ratio(self) -> float:
@@ -345,7 +393,8 @@ class AutoBudget:
         k_max = min(k_max, max_tokens - 1)
         if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
-        if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max) > 0:
+        if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max,
+                                      budgets=self.budgets(k_max)) > 0:
             return True
         if self._probe_every - self._since_probe > max_tokens - 3:  # as its first ``choose`` will count
             return False
@@ -369,7 +418,7 @@ class AutoBudget:
         if k_max < 1 or not self.costs.known(1):
             return self._plain(self.capture)  # the first step measures a plain pass; no switch at the end
         if self.curve is None or self.draft_s is None:
-            return self._speculate(min(self.first_probe, k_max), probe=True, every=self._probe_every)
+            return self._speculate(self.fit(min(self.first_probe, k_max), k_max), probe=True, every=self._probe_every)
         if self._warming and self._covered < self.window:  # a warm-up, once begun, runs its course:
             return self._plain(True)                       # a decision near the margin would flip it
         self._warming = False
@@ -389,9 +438,10 @@ class AutoBudget:
                 return self._plain(False)
         if due > 0:
             return self._plain(due <= self.window and (remaining is None or due <= remaining - 2))
-        b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, speculative_only=True)
+        b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, speculative_only=True,
+                        budgets=self.budgets(k_max))
         x = self.exploration(k_max)
-        cold = [n for n in self.costs.cold() if n - 1 <= k_max]
+        cold = [n for n in self.costs.cold() if n - 1 <= k_max and n - 1 in self.budgets(k_max)]
         if cold:  # a size's first pass was cold (a GPU loads its kernels): measure the largest such size
             b, x = cold[0] - 1, 0                # again before it prices anything (``PassCosts.cold``)
         b = self._speculate(max(b, x), probe=True, every=2 * self._probe_every)
@@ -411,9 +461,9 @@ class AutoBudget:
                 or self._probe_every >= self.probe_cap or k_max < 1):
             return False
         n_warm = max(self.costs.largest(warm=True), 1)
-        b = np.arange(1, k_max + 1)
+        b = self.budgets(k_max)
         c = np.asarray(self.costs.estimate(np.minimum(b + 1, n_warm)))
-        g = max(self.ratio, 1.0) * extrapolate(self.best_curve[:k_max], k_max)
+        g = max(self.ratio, 1.0) * extrapolate(self.best_curve[:k_max], k_max)[b - 1]
         return float(np.max((1.0 + g) / (c + self.draft_s))) <= self.margin / self.costs.estimate(1)
 
     def exploration(self, k_max: int) -> int:
@@ -425,9 +475,11 @@ class AutoBudget:
             return 0
         flat = self.costs.estimate(n_max) + self.draft_s
         gain = 1.0 + self.ratio * float(self._curve(k_max)[k_max - 1])
-        return min(2 * n_max, k_max + 1) - 1 if gain / flat > self.margin / self.costs.estimate(1) else 0
+        x = self.fit(min(2 * n_max, k_max + 1) - 1, k_max)
+        return x if x > n_max - 1 and gain / flat > self.margin / self.costs.estimate(1) else 0
 
     def _plain(self, capture: bool) -> int:
+        self._last_b = 0
         self.capture = capture
         self._covered = min(self._covered + 1, SYNCED) if capture else 0
         return 0
@@ -443,6 +495,7 @@ class AutoBudget:
         self._probe_every = self._spacing(every)
         self.probing, self.capture, self._spec = probe, True, not probe
         self._covered = SYNCED
+        self._last_b = b
         return b
 
     def _spacing(self, doubled: int) -> int:
@@ -460,8 +513,16 @@ class AutoBudget:
             self._plain_kept -= 1
             return 0
         margin = self.keep if self._spec else self.margin
-        b = best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max, margin=margin)
+        allowed = self.budgets(k_max)
+        curve = self._curve(k_max)
+        b = best_budget(self.costs, self.draft_s, curve, self.ratio, k_max, margin=margin, budgets=allowed)
         self._plain_kept = self.recheck - 1 if b == 0 else 0
+        last = self._last_b
+        if b and self._spec and last and last != b and last in allowed and self.size_keep < 1.0:
+            def rate(x: int) -> float:
+                return (1.0 + self.ratio * float(curve[x - 1])) / (float(self.costs.estimate(x + 1)) + self.draft_s)
+            if rate(last) >= self.size_keep * rate(b) and rate(last) > margin / self.costs.estimate(1):
+                b = last
         return b
 
     def stretch(self) -> int:
@@ -486,18 +547,27 @@ class AutoBudget:
         self._since_probe += n
         self._plain_kept = max(self._plain_kept - n, 0)
         self._covered = 0
-        self.observe_plain(verify_s / n)
+        if self._passed(1, n):
+            self.observe_plain(verify_s / n)
         self.plain_s = running_cost(self.plain_s, step_s / n, self.alpha, False)
 
     def observe(self, rec) -> None:
         """Learn from one decode step (a ``step.StepRecord``): a plain step's pass cost, or a speculative
         step's pass cost, drafting time, gain curve and acceptance; and what the probe cycle costs."""
+        steady = self._passed(rec.n_nodes, 1)
         if rec.speculative:
             self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft - rec.t_sync, rec.curve, rec.budget,
-                              rec.n_accepted)
-        elif not rec.switched:  # a switch may re-plan the graph (the first capture): no pass cost
+                              rec.n_accepted, record=steady)
+        elif not rec.switched and steady:  # a switch may re-plan the graph (the first capture): no pass cost
             self.observe_plain(rec.t_verify)
         self._account(rec)
+
+    def _passed(self, n_nodes: int, count: int) -> bool:
+        """``count`` target passes of ``n_nodes`` ran; whether the last one's cost is to be recorded
+        (``steady_costs``: the third pass in a row of its size or later)."""
+        self._run_len = self._run_len + count if n_nodes == self._run_n else count
+        self._run_n = n_nodes
+        return not self.steady_costs or self._run_len >= 3
 
     def _account(self, rec) -> None:
         """Add a step's time beyond plain decoding of its tokens to the probe cycle under way: every step
@@ -539,12 +609,14 @@ class AutoBudget:
         self.costs.record(1, seconds)
 
     def observe_spec(self, n_nodes: int, verify_s: float, draft_s: float, curve: np.ndarray,
-                     budget: int, accepted: int) -> None:
+                     budget: int, accepted: int, record: bool = True) -> None:
         """A speculative step: ``n_nodes`` verified in ``verify_s``, drafting took ``draft_s``,
-        ``curve`` its gain curve, ``budget`` drafted tokens of which ``accepted`` were accepted."""
+        ``curve`` its gain curve, ``budget`` drafted tokens of which ``accepted`` were accepted;
+        ``record``: the pass's cost enters ``costs``."""
         a = self.alpha
         self._plain_kept = 0
-        self.costs.record(n_nodes, verify_s)
+        if record:
+            self.costs.record(n_nodes, verify_s)
         self.draft_s = running_cost(self.draft_s, draft_s, a, self._n_spec == 1)
         self._n_spec += 1
         self.curve = self._blend(self.curve, curve, a)
