@@ -171,8 +171,9 @@ class Engine:
 
     def _warm_up(self, auto: bool) -> None:
         """Warm up the verification sizes this budget can use and have not been (every size the
-        automatic budget may choose, ``AutoBudget.budgets``, else one token and the budget's tree) and, once, the drafter's
-        passes (``decode.warmup``); the sizes' warm costs go to the automatic budget's pass costs."""
+        automatic budget may choose, ``AutoBudget.budgets``, else one token and the budget's tree) and,
+        once, the drafter's passes (``decode.warmup``); the sizes' warm costs go to the automatic
+        budget's pass costs."""
         n_max = self.budget + 1 if self.active_drafter is not None else 1
         sizes = {1, n_max}
         if auto and self.auto is not None:  # every size the budget may choose

@@ -20,9 +20,8 @@
 #           tfm-bench-project: its step costs with the default pair's τ (bench-steps.json or the pinned run's)
 #   mmq     the A/B of ggml_ops/dev/cuda-mmq-tiling-switch.patch (built in): tfm-bench-pass of both targets
 #           and DDTree@16 on the default pair with TFM_CUDA_MMQ_TILING unset and at 6, 14, 35, 74 blocks
-#   graphkey  the A/B of ggml_ops/dev/cuda-graph-per-shape-switch.patch (built in): plain, DDTree@16/@64,
-#           ddtree@auto and auto on 10 HumanEval and 10 MT-Bench prompts with and without
-#           TFM_CUDA_GRAPH_PER_SHAPE=1, then a trace of which computes replay a CUDA graph with it
+#   graphkey  a trace of which computes replay a CUDA graph, DDTree@16 (patch 0014's key per graph shape;
+#           ggml_ops/dev/cuda-graph-why.patch built in). Its A/B against upstream's key: sampling.sh keyab
 #   soak    tfm-bench-soak on the default pair: 20,000 tokens per mode (auto, ddtree@16) at T = 0.8, then
 #           greedy (the reliability issue's full run)
 #   bench   the step-cost bar's run: plain, chain, DDTree@8/16/32/64 and ddtree@auto, greedy, first 40
@@ -50,8 +49,7 @@ case $stage in
     R=\$(ls $ST/bench-steps.json $ST/bench-pinned0.json 2>/dev/null | head -1); python3 -m tfm_local.bench.project --costs $ST/bench-twin7b.json --tau \$R --json $ST/projection-7b.json" ;;
   mmq) cmd="for K in 0 6 14 35 74; do echo == TFM_CUDA_MMQ_TILING=\$K; for t in $T $W/target.gguf; do TFM_CUDA_MMQ_TILING=\$K python3 -m tfm_local.bench.passes_cli --target \$t --tokens 1,8,16,32,64 --variants argmax --threads 4 --json $ST/pass-mmq\$K-\$(basename \$(dirname \$t)).json | grep -A8 ' n  variant'; done; done
     for K in 0 6 35; do TFM_CUDA_MMQ_TILING=\$K python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,ddtree@16 -n 10 --max-tokens 256 --sets humaneval --json $ST/bench-mmq\$K.json | tail -6; done" ;;
-  graphkey) cmd="for V in '' 1; do echo == TFM_CUDA_GRAPH_PER_SHAPE=\$V; TFM_CUDA_GRAPH_PER_SHAPE=\$V python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,ddtree@16,ddtree@64,ddtree@auto,auto -n 10 --max-tokens 256 --sets humaneval,mtbench --json $ST/bench-graphkey\$V.json | tail -24; done
-    TFM_CUDA_GRAPH_PER_SHAPE=1 TFM_CUDA_GRAPH_WHY=1 TFM_VERBOSE=1 python3 lab/trace_graphs.py --target $T --mode ddtree --budget 16 --tokens 96 --gpu 2>&1 | grep -o 'compute key.*' | sed 's/first .* use_graph/use_graph/' | sort | uniq -c | sort -rn | head -30 | tee $ST/trace-why-pershape.txt" ;;
+  graphkey) cmd="TFM_CUDA_GRAPH_WHY=1 TFM_VERBOSE=1 python3 lab/trace_graphs.py --target $T --mode ddtree --budget 16 --tokens 96 --gpu 2>&1 | grep -o 'compute key.*' | sed 's/first .* use_graph/use_graph/' | sort | uniq -c | sort -rn | head -30 | tee $ST/trace-why-pershape.txt" ;;
   soak) cmd="python3 -m tfm_local.bench.soak --target $T --drafter auto --threads 4 --json $ST/soak-h200.json" ;;
   bench) cmd="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --modes plain,chain,ddtree@8,ddtree@16,ddtree@32,ddtree@64,ddtree@auto -n 40 --max-tokens 256 --json $ST/bench-steps.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
