@@ -77,3 +77,14 @@ def tiny_pair(tmp_path_factory):
     target = write_tiny_target(d / "target.gguf", n_layer=3)
     drafter, _ = init_random(target, d / "drafter.gguf", seed=4)
     return target, drafter
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models: one torch thread is fastest on a shared 2-core machine (restored after the test)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -27,12 +27,8 @@ from tfm_local.train.recipe import FitOptions, acceptance_proxy, lr_factor, posi
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is fastest on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def one_thread(one_torch_thread):
+    """Every test here on one torch thread (``conftest.one_torch_thread``)."""
 
 
 @pytest.fixture(scope="module")

@@ -223,6 +223,42 @@ def cmd_fit(args) -> None:
             print(f"{k}: {p}")
 
 
+def cmd_weaver(args) -> None:
+    """``tfm-train weaver``: train (or resume) a Weaver for the target and its drafter, both frozen."""
+    import json
+    from pathlib import Path
+
+    from tfm_local.train.weaver_fit import WeaverOptions, fit_weaver
+
+    if args.steps < 1 or args.batch_tokens < 1 or args.anchors < 1 or args.holdout < 0:
+        fail("--steps, --batch-tokens and --anchors must be at least 1, --holdout at least 0")
+    shape = {k: getattr(args, k) for k in ("width", "layers", "heads", "ffn", "rank", "top_k")
+             if getattr(args, k) is not None}
+    try:
+        trees = tuple(int(b) for b in args.trees.split(",") if b.strip())
+    except ValueError:
+        fail(f"--trees must be comma-separated budgets, got {args.trees!r}")
+    if any(b < 1 for b in trees):
+        fail(f"--trees budgets must be at least 1, got {args.trees!r}")
+    opts = WeaverOptions(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, anchors=args.anchors,
+                         max_len=args.max_len, seed=args.seed, holdout=args.holdout, save_every=args.save_every,
+                         log_every=args.log_every, shape=shape, trees=trees)
+    target = _target(args.target)
+    drafter = args.drafter
+    if not Path(drafter).exists():
+        from tfm_local.files.drafters import resolve_drafter, shipped_drafter_for
+
+        if drafter == "auto" and shipped_drafter_for(Path(target), "full") is None:
+            fail(f"no shipped drafter for {target}: give --drafter (GGUF, checkpoint.pt or z-lab folder)")
+        drafter = str(resolve_drafter(drafter, Path(target), "full"))
+    try:
+        res = fit_weaver(args.corpus, target, drafter, args.out, opts, _device(args.device), progress=True,
+                         restart=args.restart)
+    except ValueError as e:  # a bad shape (WeaverConfig)
+        fail(str(e))
+    print(json.dumps(res, indent=1))
+
+
 def cmd_export(args) -> None:
     """``tfm-train export``: z-lab layout and GGUFs of a checkpoint."""
     from tfm_local.train.export import export
@@ -380,6 +416,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], choices=_OUTTYPES,
                    help="GGUF types to export (default f16 q8_0)")
     p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("weaver", help="train a Weaver (TfM correction head) for the target and its drafter")
+    p.add_argument("--corpus", required=True, nargs="+", help="corpus folder(s) of the target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", default="auto",
+                   help="the frozen DFlash drafter: GGUF, checkpoint.pt or z-lab folder (default: the shipped one)")
+    p.add_argument("--out", required=True, help="run folder (weaver.pt; resumed when present)")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--batch-tokens", type=int, default=32768)
+    p.add_argument("--anchors", type=int, default=16, help="drafts per sequence per step")
+    p.add_argument("--max-len", type=int, default=3072)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--holdout", type=int, default=0, help="sequences kept out and scored at the end")
+    p.add_argument("--trees", default="16,32,64",
+                   help="with --holdout: budgets of the held-out τ of chain, DDTree and TfM trees (default 16,32,64)")
+    p.add_argument("--save-every", type=int, default=250)
+    p.add_argument("--log-every", type=int, default=10)
+    for name in ("width", "layers", "heads", "ffn", "rank", "top-k"):
+        p.add_argument(f"--{name}", type=int, default=None, help="Weaver shape (default: weaver.WeaverConfig)")
+    p.add_argument("--device", default="auto", help="cuda or cpu (default cuda when available)")
+    p.add_argument("--restart", action="store_true", help="discard an existing weaver.pt in --out")
+    p.set_defaults(func=cmd_weaver)
 
     p = sub.add_parser("export", help="z-lab layout + GGUF from a checkpoint")
     p.add_argument("--checkpoint", required=True)

@@ -1,0 +1,172 @@
+"""The Weaver (tfm_local/train/weaver.py) and its training (weaver_fit.py) on a tiny synthetic target.
+
+The module fixture writes a tiny qwen2 target, a random DFlash drafter for it and a small corpus of
+the target's own responses (llama.cpp); the fit tests train a small Weaver on it on the CPU."""
+import numpy as np
+import pytest
+import torch
+
+from tfm_local.train.errors import TrainError
+from tfm_local.train.weaver import Weaver, WeaverConfig, accepted_prefix, candidate_loss, path_mask
+from tfm_local.train.weaver_fit import WeaverOptions, fit_weaver
+
+
+@pytest.fixture(autouse=True)
+def one_thread(one_torch_thread):
+    """Every test here on one torch thread (``conftest.one_torch_thread``)."""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tfm_convert.pipeline import init_random
+    from tfm_local.testing.synth import write_tiny_target
+    from tfm_local.train.smoke import TINY, make_corpus
+
+    d = tmp_path_factory.mktemp("weaver")
+    target = write_tiny_target(d / "target.gguf", **TINY)
+    drafter, _ = init_random(target, d / "drafter.gguf", layers=1, seed=5, outtype="f32")
+    other, _ = init_random(target, d / "other.gguf", layers=1, seed=6, outtype="f32")
+    make_corpus(target, d / "corpus", n_prompts=16, max_new=40)
+    return d, target, drafter, other
+
+
+def _inputs(c: WeaverConfig, n=3, s=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s = c.depth if s is None else s
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    return (r(n, c.target_hidden), r(n, c.depth, c.drafter_hidden), r(n, s, c.target_hidden), r(n, s, c.top_k),
+            r(n, s, c.top_k, c.target_hidden))
+
+
+def _trained(c: WeaverConfig) -> Weaver:
+    w = Weaver(c)
+    torch.nn.init.normal_(w.out.weight, std=0.5)  # as after training: the correction is not zero
+    return w
+
+
+def test_a_fresh_weaver_scores_the_candidates_as_the_drafter():
+    c = WeaverConfig(target_hidden=24, drafter_hidden=20, depth=6, top_k=5, width=32, heads=4, ffn=48, rank=8)
+    w = Weaver(c)
+    ht, hd, steps, logit, rows = _inputs(c)
+    assert torch.equal(w(ht, hd, steps, logit, w.codes(rows)), logit)
+
+
+def test_a_step_sees_the_prefix_and_its_own_path_only():
+    """Changing the token of step 3 changes the scores of steps 3.. and nothing before; changing the
+    drafter's state at a deep position changes every step (the whole prefix is visible)."""
+    c = WeaverConfig(target_hidden=24, drafter_hidden=20, depth=6, top_k=5, width=32, heads=4, ffn=48, rank=8,
+                     layers=2)
+    w = _trained(c)
+    ht, hd, steps, logit, rows = _inputs(c)
+    base = w(ht, hd, steps, logit, w.codes(rows))
+    steps2 = steps.clone()
+    steps2[:, 3] += 1.0
+    moved = w(ht, hd, steps2, logit, w.codes(rows))
+    assert torch.allclose(moved[:, :3], base[:, :3], atol=1e-6) and not torch.allclose(moved[:, 3:], base[:, 3:])
+    hd2 = hd.clone()
+    hd2[:, -1] += 1.0
+    moved = w(ht, hd2, steps, logit, w.codes(rows))
+    assert not torch.allclose(moved[:, 0], base[:, 0])
+    # a path scored one step at a time (each call with the steps so far) gives the same scores
+    one = torch.stack([w(ht, hd, steps[:, :s + 1], logit[:, :s + 1], w.codes(rows[:, :s + 1]))[:, s]
+                       for s in range(c.depth)], 1)
+    assert torch.allclose(one, base, atol=1e-5)
+    assert path_mask(2, 3).tolist() == [[[[True, True, True, True, False], [True, True, True, True, True]]]]
+
+
+def test_candidate_loss_and_the_chain_proxy():
+    logits = torch.tensor([[[2.0, 1.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 0.0]]])
+    cand = torch.tensor([[[7, 8, 9], [4, 5, 6], [1, 2, 3]]])
+    labels = torch.tensor([[7, 6, 99]])  # a top-1 hit, a candidate at rank 3, a token outside the pool
+    loss, rows, top1 = candidate_loss(logits, cand, labels)
+    want = -torch.log_softmax(logits[0, 0], -1)[0] - torch.log_softmax(logits[0, 1], -1)[2]
+    assert rows.tolist() == [[True, True, False]] and top1.tolist() == [[True, False, False]]
+    assert loss.item() == pytest.approx(want.item())
+    _, rows, _ = candidate_loss(logits, cand, torch.tensor([[-100, 5, 1]]))
+    assert rows.tolist() == [[False, True, True]]
+    assert accepted_prefix(torch.tensor([[True, True, False, True], [False, True, True, True]])).tolist() == [2, 0]
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="heads"):
+        WeaverConfig(target_hidden=8, drafter_hidden=8, width=30, heads=4)
+    with pytest.raises(ValueError, match="rank"):
+        WeaverConfig(target_hidden=8, drafter_hidden=8, width=32, heads=4, rank=0)
+    with pytest.raises(ValueError, match="unknown"):
+        WeaverConfig.from_dict({"target_hidden": 8, "drafter_hidden": 8, "colour": 1})
+    c = WeaverConfig(target_hidden=8, drafter_hidden=8, depth=4, top_k=3, width=16, heads=2, ffn=16, rank=4)
+    w = Weaver(c)
+    ht, hd, steps, logit, rows = _inputs(c)
+    with pytest.raises(ValueError, match="depth"):
+        w(ht, torch.cat([hd, hd], 1), steps, logit, w.codes(rows))
+    assert WeaverConfig.from_dict(c.to_dict()) == c
+
+
+OPTS = dict(lr=3e-3, batch_tokens=1024, anchors=8, max_len=512, log_every=10, save_every=10,
+            shape=dict(width=64, heads=4, ffn=128, rank=32, top_k=128))
+
+
+def test_fit_learns_to_correct_the_drafter_and_resumes(pair):
+    """A random drafter's top-1 is almost never the target's token; 40 steps teach the Weaver to pick
+    it out of the drafter's 128 candidates on the training data (the tiny target's responses repeat
+    themselves), from the same scores at step 0. A second run with more steps continues the first;
+    a run with another drafter in the same folder is refused."""
+    d, target, drafter, other = pair
+    lines = []
+    res = fit_weaver(d / "corpus", target, drafter, d / "w", WeaverOptions(steps=40, **OPTS), "cpu", log=lines.append)
+    first = [float(x.split(" loss ")[1].split()[0]) for x in lines if " loss " in x]
+    assert res["steps"] == 40 and (d / "w" / "weaver.pt").is_file()
+    assert first[-1] < 0.5 * first[0]
+    assert res["train"]["top1"] > 0.5 > 0.2 > res["train"]["top1_drafter"]
+    assert res["train"]["accepted"] > 5 * max(res["train"]["accepted_drafter"], 0.1)
+    lines.clear()
+    res = fit_weaver(d / "corpus", target, drafter, d / "w", WeaverOptions(steps=50, **OPTS), "cpu", log=lines.append)
+    assert res["steps"] == 50 and lines[0].startswith("[weaver] step 50/50")
+    with pytest.raises(TrainError, match="drafter"):
+        fit_weaver(d / "corpus", target, other, d / "w", WeaverOptions(steps=60, **OPTS), "cpu", log=lines.append)
+
+
+def test_fit_scores_held_out_sequences_and_refuses_a_corpus_of_another_target(pair, tmp_path):
+    from tfm_local.testing.synth import write_tiny_target
+    from tfm_local.train.smoke import TINY
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=3, holdout=3, **OPTS),
+                     "cpu", log=lambda s: None)
+    assert res["eval"]["positions"] > 0 and np.isfinite(res["eval"]["loss"])
+    stranger = write_tiny_target(tmp_path / "other.gguf", **{**TINY, "seed": 99})
+    with pytest.raises(TrainError, match="generated by"):
+        fit_weaver(d / "corpus", stranger, drafter, tmp_path / "w2", WeaverOptions(steps=1, **OPTS), "cpu")
+
+
+def test_tfm_trees_of_a_fresh_weaver_are_ddtree_and_a_trained_one_accepts_more(pair, tmp_path):
+    """With every token a candidate, one entry popped a round and every candidate offered, a fresh
+    Weaver's TfM tree is DDTree's (the same best-first order over the same path log-probabilities), so
+    each draft accepts the same tokens; after training, TfM@16 accepts more than DDTree@16 on the
+    sequences it was trained on (a random drafter: DDTree barely gets past the root)."""
+    from tfm_local.train.batching import make_batch
+    from tfm_local.train.corpus import load_corpus
+    from tfm_local.train.target_torch import TorchTarget
+    from tfm_local.train.weaver_eval import compare_trees, ddtree_accepted, tfm_accepted
+    from tfm_local.train.weaver_fit import load_frozen_drafter, weaver_inputs
+
+    d, target, drafter, _ = pair
+    tgt = TorchTarget(target)
+    dft, _ = load_frozen_drafter(drafter, target, "cpu")
+    seqs = load_corpus(d / "corpus")[1]
+    V = tgt.head.shape[0]
+    w = Weaver(WeaverConfig(target_hidden=tgt.hp.n_embd, drafter_hidden=dft.config.hidden_size,
+                            depth=dft.config.block_size - 1, top_k=V, width=32, heads=4, ffn=32, rank=8))
+    batch = make_batch(seqs[:3], 4, dft.config.block_size, dft.config.mask_token_id, 512, np.random.default_rng(0))
+    x = weaver_inputs(tgt, dft, batch, V)
+    for b in (3, 8):
+        assert np.array_equal(tfm_accepted(w, tgt, x, b, width=1, children=V), ddtree_accepted(x, b))
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=40, **OPTS), "cpu",
+                     log=lambda s: None)
+    from tfm_local.train.checkpoint import load_checkpoint
+
+    st = load_checkpoint(res["checkpoint"])
+    trained = Weaver(WeaverConfig.from_dict(st["config"]))
+    trained.load_state_dict(st["model"])
+    taus = compare_trees(trained, tgt, dft, seqs[:6], WeaverOptions(**OPTS), budgets=(16,))
+    assert taus["drafts"] > 20 and taus["tfm@16"] > taus["ddtree@16"] + 1.0 and taus["chain_weaver"] > taus["chain"]
