@@ -15,6 +15,7 @@ Modules, one job each:
 - ``vocab``       strip / attach a drafter's tokenizer; ``rewrite_gguf`` (copy a GGUF, add tensors)
 - ``draft_vocab`` a reduced draft vocabulary: choosing the ids, writing ``d2t`` + the reduced LM head
 - ``ggml_quant``  ggml's own quantiser, bound from ``libggml-base``
+- ``weaver_gguf`` the Weaver's GGUF (``tfm-weaver``): write, read back, refuse another pair
 - ``pipeline``    the two conversions as library calls (convert_checkpoint, init_random)
 - ``cli``         ``tfm-convert``
 

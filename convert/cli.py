@@ -6,6 +6,7 @@
     tfm-convert --reduce DRAFTER.gguf --target TARGET -o OUT.gguf
                 (--corpus DIR... [--draft-vocab-size K] | --ids IDS.npy) [--save-ids IDS.npy]
     tfm-convert --corpus DIR... --target TARGET --save-ids IDS.npy [--draft-vocab-size K]
+    tfm-convert --weaver WEAVER.pt|WEAVER.gguf --target TARGET -o OUT.gguf [--outtype q8_0]
 
 TARGET is a GGUF path or a model spec understood by ``tfm_local.files.models``.
 Errors print ``tfm-convert: error: ...`` and exit with status 2.
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft ids chosen from --corpus (default 65536)")
     v.add_argument("--ids", type=Path, metavar="IDS.npy", help="the draft ids: an .npy array of target token ids")
     v.add_argument("--save-ids", type=Path, metavar="IDS.npy", help="also write the draft ids (int32 .npy)")
+    w = p.add_argument_group("the Weaver (Trees from Marginals; tfm_convert.weaver_gguf)")
+    w.add_argument("--weaver", type=Path, metavar="WEAVER",
+                   help="write a Weaver GGUF from a tfm-train weaver checkpoint (weaver.pt), or write a Weaver "
+                        "GGUF again with --outtype; refused for another target")
     return p
 
 
@@ -89,6 +94,8 @@ def run(args: argparse.Namespace) -> str:
     if args.out is not None and not args.out.parent.is_dir():
         raise ConvertError(f"output folder {args.out.parent} does not exist")
     target = resolve_target(args.target)
+    if args.weaver is not None:
+        return run_weaver(args, target)
     if args.reduce or args.corpus or args.ids or args.save_ids:
         return run_draft_vocab(args, target)
     if args.init_random:
@@ -106,6 +113,37 @@ def run(args: argparse.Namespace) -> str:
     except ValueError as e:
         raise ConvertError(str(e)) from None
     return f"wrote {convert_checkpoint(args.checkpoint, target, args.out, args.outtype, types)}"
+
+
+def run_weaver(args: argparse.Namespace, target: Path) -> str:
+    """``--weaver``: a Weaver checkpoint or GGUF to a Weaver GGUF of ``--outtype`` for ``target``."""
+    from .weaver_gguf import check_pair, read_weaver_gguf, write_weaver_gguf
+
+    if args.checkpoint or args.init_random or args.reduce or args.corpus or args.ids or args.save_ids or args.tensor_type:
+        raise ConvertError("--weaver takes only --target, -o and --outtype")
+    if args.out is None:
+        raise ConvertError("give the output GGUF with -o OUT.gguf")
+    if not args.weaver.exists():
+        raise ConvertError(f"Weaver not found: {args.weaver}")
+    with open(args.weaver, "rb") as f:
+        is_gguf = f.read(4) == b"GGUF"
+    if is_gguf:
+        from tfm_local.train.corpus import target_identity
+
+        wf = read_weaver_gguf(args.weaver)
+        check_pair(wf, target_sha256=target_identity(target)["sha256"])
+        out = write_weaver_gguf(args.out, wf.config, wf.state_dict(), wf.tensors["codes"], wf.identity, args.outtype)
+        return f"wrote {out}"
+    from tfm_local.train.errors import CorruptArtifactError, TrainError
+    from tfm_local.train.weaver_fit import weaver_gguf_from_checkpoint
+
+    try:
+        return f"wrote {weaver_gguf_from_checkpoint(args.weaver, target, {args.outtype: args.out})[args.outtype]}"
+    except CorruptArtifactError:
+        raise ConvertError(f"{args.weaver} is neither a Weaver GGUF nor a readable tfm-train weaver checkpoint "
+                           f"(weaver.pt)") from None
+    except (TrainError, FileNotFoundError) as e:
+        raise ConvertError(str(e)) from None
 
 
 def run_draft_vocab(args: argparse.Namespace, target: Path) -> str:

@@ -170,3 +170,88 @@ def test_tfm_trees_of_a_fresh_weaver_are_ddtree_and_a_trained_one_accepts_more(p
     trained.load_state_dict(st["model"])
     taus = compare_trees(trained, tgt, dft, seqs[:6], WeaverOptions(**OPTS), budgets=(16,))
     assert taus["drafts"] > 20 and taus["tfm@16"] > taus["ddtree@16"] + 1.0 and taus["chain_weaver"] > taus["chain"]
+
+
+def test_weaver_gguf_round_trip_export_and_refusals(pair, tmp_path):
+    """An exported Weaver reads back to the same scores (F32 exactly; Q8_0 with the same top-1 almost
+    everywhere); its codes are P times the target's LM head; a file of another kind, a truncated one, and
+    a pair it was not trained for are refused with clear errors; so is resuming with another shape."""
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.weaver_gguf import check_pair, read_weaver_gguf
+    from tfm_local.train.target_torch import TorchTarget
+    from tfm_local.train.weaver_fit import export_weaver
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=5, **OPTS), "cpu",
+                     log=lambda s: None)
+    paths = export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32", "q8_0"))
+    from tfm_local.train.checkpoint import load_checkpoint
+
+    st = load_checkpoint(res["checkpoint"])
+    c = WeaverConfig.from_dict(st["config"])
+    ref = Weaver(c)
+    ref.load_state_dict(st["model"])
+    torch.nn.init.normal_(ref.out.weight, std=0.5)  # make the correction count in the comparison
+    st["model"]["out.weight"] = ref.out.weight.detach().clone()
+    head = TorchTarget(target, n_layers=0).head.float()
+    ht, hd, steps, logit, _ = _inputs(c, n=8)
+    cand = torch.randint(0, head.shape[0], (8, c.depth, c.top_k), generator=torch.Generator().manual_seed(1))
+    want = ref(ht, hd, steps, logit, ref.codes(head[cand]))
+    for t, p in paths.items():
+        wf = read_weaver_gguf(p)
+        assert wf.config == pytest.approx(c.to_dict(), rel=1e-6) and wf.identity["drafter_sha256"] == st["drafter"]
+        codes = torch.from_numpy(wf.tensors["codes"])
+        assert codes.shape == (head.shape[0], c.rank)
+        got_w = Weaver(c)
+        state = {k: torch.from_numpy(v) for k, v in wf.state_dict().items()}
+        state["out.weight"] = st["model"]["out.weight"]
+        got_w.load_state_dict(state)
+        got = got_w(ht, hd, steps, logit, codes[cand])
+        if t == "f32":
+            assert torch.allclose(codes, ref.codes(head), atol=1e-5) and torch.allclose(got, want, atol=1e-4)
+        else:
+            assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.97
+    wf = read_weaver_gguf(paths["f32"])
+    check_pair(wf, target_sha256=st["target"], drafter_sha256=st["drafter"], n_vocab=head.shape[0])
+    with pytest.raises(ConvertError, match="trained for target"):
+        check_pair(wf, target_sha256="0" * 64)
+    with pytest.raises(ConvertError, match="another drafter"):
+        check_pair(wf, drafter_sha256="f" * 64)
+    with pytest.raises(ConvertError, match="not a Weaver GGUF"):
+        read_weaver_gguf(target)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(paths["f32"].read_bytes()[:5000])
+    with pytest.raises(ConvertError):
+        read_weaver_gguf(cut)
+    with pytest.raises(TrainError, match="another shape"):
+        fit_weaver(d / "corpus", target, drafter, tmp_path / "w",
+                   WeaverOptions(steps=6, **{**OPTS, "shape": {**OPTS["shape"], "rank": 16}}), "cpu")
+
+
+def test_tfm_convert_writes_weaver_ggufs_and_refuses_what_does_not_fit(pair, tmp_path, capsys):
+    from tfm_convert.cli import main
+    from tfm_convert.weaver_gguf import read_weaver_gguf
+    from tfm_local.testing.synth import write_tiny_target
+    from tfm_local.train.smoke import TINY
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=2, **OPTS), "cpu",
+                     log=lambda s: None)
+    ckpt = res["checkpoint"]
+    assert main(["--weaver", ckpt, "--target", str(target), "-o", str(tmp_path / "a.gguf"), "--outtype", "q4_0"]) == 0
+    assert main(["--weaver", str(tmp_path / "a.gguf"), "--target", str(target), "-o", str(tmp_path / "b.gguf"),
+                 "--outtype", "q8_0"]) == 0
+    assert read_weaver_gguf(tmp_path / "b.gguf").config["rank"] == OPTS["shape"]["rank"]
+    stranger = write_tiny_target(tmp_path / "other.gguf", **{**TINY, "seed": 98})
+    bad = [(["--weaver", str(tmp_path / "a.gguf"), "--target", str(stranger), "-o", str(tmp_path / "c.gguf")],
+            "trained for target"),
+           (["--weaver", ckpt, "--target", str(stranger), "-o", str(tmp_path / "c.gguf")], "another target"),
+           (["--weaver", str(drafter), "--target", str(target), "-o", str(tmp_path / "c.gguf")], "not a Weaver GGUF"),
+           (["--weaver", str(d / "corpus" / "manifest.json"), "--target", str(target), "-o", str(tmp_path / "c.gguf")],
+            "neither a Weaver GGUF"),
+           (["--weaver", ckpt, "--target", str(target)], "-o OUT.gguf")]
+    for argv, msg in bad:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err, argv
+    assert not (tmp_path / "c.gguf").exists()

@@ -257,6 +257,11 @@ def cmd_weaver(args) -> None:
     except ValueError as e:  # a bad shape (WeaverConfig)
         fail(str(e))
     print(json.dumps(res, indent=1))
+    if not args.no_export:
+        from tfm_local.train.weaver_fit import export_weaver
+
+        for k, p in export_weaver(res["checkpoint"], target, f"{args.out}/export", tuple(args.outtype)).items():
+            print(f"{k}: {p}")
 
 
 def cmd_export(args) -> None:
@@ -438,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=int, default=None, help="Weaver shape (default: weaver.WeaverConfig)")
     p.add_argument("--device", default="auto", help="cuda or cpu (default cuda when available)")
     p.add_argument("--restart", action="store_true", help="discard an existing weaver.pt in --out")
+    p.add_argument("--no-export", action="store_true", help="skip the GGUF export at the end")
+    p.add_argument("--outtype", nargs="+", default=["f16", "q8_0"], choices=_OUTTYPES,
+                   help="Weaver GGUF types to export to --out/export (default f16 q8_0)")
     p.set_defaults(func=cmd_weaver)
 
     p = sub.add_parser("export", help="z-lab layout + GGUF from a checkpoint")

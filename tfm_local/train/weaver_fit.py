@@ -177,6 +177,10 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
                 raise TrainError(f"{out / CKPT} was trained with another {key} ({state.get(key)} != {want}); "
                                  f"use another --out or --restart")
         config = WeaverConfig.from_dict(state["config"])
+        differ = {k: (v, state["config"].get(k)) for k, v in opts.shape.items() if state["config"].get(k) != v}
+        if differ:
+            raise TrainError(f"{out / CKPT} holds a Weaver of another shape ({', '.join(f'{k} {b}, not {a}' for k, (a, b) in differ.items())}); "
+                             f"use another --out or --restart")
     else:
         config = WeaverConfig(target_hidden=tgt.hp.n_embd, drafter_hidden=dc.hidden_size,
                               depth=dc.block_size - 1, **opts.shape)
@@ -294,3 +298,43 @@ class _Totals:
         return {"loss": self.loss(), "top1": self.s["top1"] / n, "top1_drafter": self.s["top1_drafter"] / n,
                 "accepted": self.accepted(), "accepted_drafter": self.accepted(True),
                 "positions": float(self.s["rows"])}
+
+
+def export_weaver(checkpoint: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike,
+                  outtypes=("f16", "q8_0")) -> dict[str, Path]:
+    """Weaver GGUFs (``tfm_convert.weaver_gguf``) of a ``weaver.pt`` for ``target``: ``{type: path}``,
+    written as ``out/weaver-<type>.gguf`` (``weaver_gguf_from_checkpoint``).
+
+    Raises:
+        TrainError: a checkpoint of another target. ConvertError: an unwritable output.
+    """
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return weaver_gguf_from_checkpoint(checkpoint, target, {t: Path(out) / f"weaver-{t}.gguf" for t in outtypes})
+
+
+def weaver_gguf_from_checkpoint(checkpoint: str | os.PathLike, target: str | os.PathLike,
+                                outs: dict[str, Path]) -> dict[str, Path]:
+    """Write the Weaver of ``checkpoint`` as GGUF, ``{outtype: path}`` → the same with the paths written;
+    the codes table is the target's LM head through P.
+
+    Raises:
+        TrainError: not a Weaver checkpoint, or one of another target. ConvertError: an unwritable output.
+    """
+    from tfm_convert.weaver_gguf import write_weaver_gguf
+
+    from .target_torch import TorchTarget
+
+    state = load_checkpoint(checkpoint)
+    if "config" not in state or "model" not in state or "drafter" not in state:
+        raise TrainError(f"{checkpoint} is not a Weaver checkpoint (tfm-train weaver's weaver.pt)")
+    ident = target_identity(target)
+    if state.get("target") != ident["sha256"]:
+        raise TrainError(f"{checkpoint} was trained for another target than {ident['name']}")
+    weaver = Weaver(WeaverConfig.from_dict(state["config"]))
+    weaver.load_state_dict(state["model"])
+    head = TorchTarget(target, "cpu", n_layers=0).head.float()
+    with torch.no_grad():
+        codes = torch.cat([weaver.codes(h) for h in head.split(16384)]).numpy()
+    identity = {"target_sha256": ident["sha256"], "target_name": ident["name"], "drafter_sha256": state["drafter"]}
+    return {t: write_weaver_gguf(p, weaver.config.to_dict(), weaver.state_dict(), codes, identity, t)
+            for t, p in outs.items()}
