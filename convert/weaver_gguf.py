@@ -136,6 +136,36 @@ def read_weaver_gguf(path: str | os.PathLike) -> WeaverFile:
     return WeaverFile(config, tensors, identity, path)
 
 
+def read_weaver_codes(path: str | os.PathLike) -> tuple[np.ndarray, dict]:
+    """The codes table (float32 ``[n_vocab, rank]``) and the identity of a Weaver GGUF, the other tensors
+    left unread (the runtime's backend loads them).
+
+    Raises:
+        ConvertError: as ``read_weaver_gguf``.
+    """
+    path = Path(path)
+    try:
+        meta = read_gguf_meta(path)
+        kv = {k: v.value for k, v in meta.kv.items()}
+        if kv.get("general.architecture") != ARCH:
+            raise ConvertError(f"{path} is not a Weaver GGUF (architecture {kv.get('general.architecture')!r}, "
+                               f"expected {ARCH!r})")
+        entry = next((e for e in meta.tensors if e.name == "codes"), None)
+        if entry is None:
+            raise ConvertError(f"{path}: Weaver GGUF without its codes table")
+        with open(path, "rb") as f:
+            f.seek(entry.begin)
+            raw = np.frombuffer(f.read(entry.nbytes), dtype=np.uint8)
+        if raw.size != entry.nbytes:
+            raise ConvertError(f"{path} is truncated (its codes table ends past the end of the file)")
+        codes = dequantize_tensor(raw, entry)
+    except GGUFError as e:
+        raise ConvertError(str(e)) from None
+    identity = {"target_sha256": kv.get(f"{ARCH}.target.sha256", ""), "target_name": kv.get(f"{ARCH}.target.name", ""),
+                "drafter_sha256": kv.get(f"{ARCH}.drafter.sha256", ""), "n_vocab": int(kv.get(f"{ARCH}.target.n_vocab", 0))}
+    return np.ascontiguousarray(codes, dtype=np.float32), identity
+
+
 def check_pair(weaver: WeaverFile, target_sha256: str | None = None, drafter_sha256: str | None = None,
                n_vocab: int | None = None) -> None:
     """Refuse a Weaver trained for another target or drafter (the identities given are checked).

@@ -15,18 +15,22 @@
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "gguf.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 11;
+    return 12;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -868,4 +872,288 @@ int32_t tfm_sample_get(llama_context * ctx, int32_t i0, int32_t n, int32_t * ids
         }
     }
     return n;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The Weaver (Trees from Marginals; tfm_local/train/weaver.py is the reference, convert/weaver_gguf.py
+// the file format). tfm_weaver_q computes q for a batch of paths in one graph on the CPU or the first
+// GPU: prefix rows (each draft's target state at RoPE position 0, its drafter states at 1..D) and the
+// steps of every path (position s + 1); a step attends to its own draft's prefix and to the earlier
+// steps of its own path (the mask). The candidates' scores (drafter logit + <codes[c], q>) are the
+// caller's: K rows of the codes table, which stays on the host.
+
+struct tfm_weaver {
+    int32_t target_hidden = 0, drafter_hidden = 0, depth = 0, top_k = 0, width = 0, layers = 0, heads = 0,
+            ffn = 0, rank = 0;
+    float rope_theta = 10000.0f, eps = 1e-6f;
+    ggml_context *              ctx_w   = nullptr;
+    ggml_backend_t              backend = nullptr;
+    ggml_backend_buffer_t       buf_w   = nullptr;
+    ggml_gallocr_t              galloc  = nullptr;
+    std::map<std::string, ggml_tensor *> w;
+
+    ~tfm_weaver() {
+        if (galloc != nullptr) {
+            ggml_gallocr_free(galloc);
+        }
+        if (buf_w != nullptr) {
+            ggml_backend_buffer_free(buf_w);
+        }
+        if (backend != nullptr) {
+            ggml_backend_free(backend);
+        }
+        if (ctx_w != nullptr) {
+            ggml_free(ctx_w);
+        }
+    }
+
+    ggml_tensor * get(const std::string & name) const {
+        auto it = w.find(name);
+        return it == w.end() ? nullptr : it->second;
+    }
+};
+
+namespace {
+
+bool weaver_read_u32(const gguf_context * g, const char * key, int32_t & out) {
+    const int64_t id = gguf_find_key(g, key);
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_UINT32) {
+        return false;
+    }
+    out = (int32_t) gguf_get_val_u32(g, id);
+    return out > 0;
+}
+
+bool weaver_read_f32(const gguf_context * g, const char * key, float & out) {
+    const int64_t id = gguf_find_key(g, key);
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_FLOAT32) {
+        return false;
+    }
+    out = gguf_get_val_f32(g, id);
+    return true;
+}
+
+ggml_tensor * weaver_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
+}
+
+} // namespace
+
+tfm_weaver * tfm_weaver_load(const char * path, int32_t device, int32_t n_threads) {
+    if (path == nullptr || device < 0 || device > 1) {
+        return nullptr;
+    }
+    auto W = std::make_unique<tfm_weaver>();
+    gguf_init_params gp = { /*.no_alloc =*/ true, /*.ctx =*/ &W->ctx_w };
+    gguf_context * g = gguf_init_from_file(path, gp);
+    if (g == nullptr) {
+        return nullptr;
+    }
+    std::unique_ptr<gguf_context, void (*)(gguf_context *)> g_guard(g, gguf_free);
+    const int64_t arch = gguf_find_key(g, "general.architecture");
+    if (arch < 0 || gguf_get_kv_type(g, arch) != GGUF_TYPE_STRING || std::strcmp(gguf_get_val_str(g, arch), "tfm-weaver") != 0) {
+        return nullptr;
+    }
+    const bool ok = weaver_read_u32(g, "tfm-weaver.target_hidden", W->target_hidden) &&
+                    weaver_read_u32(g, "tfm-weaver.drafter_hidden", W->drafter_hidden) &&
+                    weaver_read_u32(g, "tfm-weaver.depth", W->depth) && weaver_read_u32(g, "tfm-weaver.top_k", W->top_k) &&
+                    weaver_read_u32(g, "tfm-weaver.width", W->width) && weaver_read_u32(g, "tfm-weaver.layers", W->layers) &&
+                    weaver_read_u32(g, "tfm-weaver.heads", W->heads) && weaver_read_u32(g, "tfm-weaver.ffn", W->ffn) &&
+                    weaver_read_u32(g, "tfm-weaver.rank", W->rank) &&
+                    weaver_read_f32(g, "tfm-weaver.rope_theta", W->rope_theta) && weaver_read_f32(g, "tfm-weaver.eps", W->eps);
+    if (!ok || W->width % W->heads != 0 || (W->width / W->heads) % 2 != 0) {
+        return nullptr;
+    }
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(device == 0 ? GGML_BACKEND_DEVICE_TYPE_CPU : GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (dev == nullptr || (W->backend = ggml_backend_dev_init(dev, nullptr)) == nullptr) {
+        return nullptr;
+    }
+    if (device == 0) {
+        auto * set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads");
+        if (set_threads != nullptr) {
+            set_threads(W->backend, std::max(1, n_threads));
+        }
+    }
+    // every tensor but the codes table (it stays on the host, read by the caller) on the backend
+    for (ggml_tensor * t = ggml_get_first_tensor(W->ctx_w); t != nullptr; t = ggml_get_next_tensor(W->ctx_w, t)) {
+        W->w[ggml_get_name(t)] = t;
+    }
+    ggml_tensor * codes = W->get("codes");
+    if (codes != nullptr) {
+        W->w.erase("codes");
+    }
+    W->buf_w = ggml_backend_alloc_ctx_tensors(W->ctx_w, W->backend);
+    if (W->buf_w == nullptr) {
+        return nullptr;
+    }
+    FILE * f = std::fopen(path, "rb");
+    if (f == nullptr) {
+        return nullptr;
+    }
+    std::vector<uint8_t> data;
+    bool read_ok = true;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g) && read_ok; ++i) {
+        ggml_tensor * t = W->get(gguf_get_tensor_name(g, i));
+        if (t == nullptr) {
+            continue;
+        }
+        const size_t n = ggml_nbytes(t);
+        data.resize(n);
+        read_ok = std::fseek(f, (long) (gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i)), SEEK_SET) == 0 &&
+                  std::fread(data.data(), 1, n, f) == n;
+        if (read_ok) {
+            ggml_backend_tensor_set(t, data.data(), 0, n);
+        }
+    }
+    std::fclose(f);
+    if (!read_ok) {
+        return nullptr;
+    }
+    const char * needed[] = {"target_norm.weight", "target_proj.weight", "drafter_norm.weight", "drafter_proj.weight",
+                             "step_norm.weight", "step_proj.weight", "norm.weight", "out.weight"};
+    for (const char * n : needed) {
+        if (W->get(n) == nullptr) {
+            return nullptr;
+        }
+    }
+    for (int32_t l = 0; l < W->layers; ++l) {
+        for (const char * n : {"attn_norm", "prefix_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down"}) {
+            if (W->get("blk." + std::to_string(l) + "." + n + ".weight") == nullptr) {
+                return nullptr;
+            }
+        }
+    }
+    W->galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(W->backend));
+    return W->galloc == nullptr ? nullptr : W.release();
+}
+
+void tfm_weaver_free(tfm_weaver * W) {
+    delete W;
+}
+
+int32_t tfm_weaver_shape(const tfm_weaver * W, int32_t * out) {
+    if (W == nullptr || out == nullptr) {
+        return -1;
+    }
+    const int32_t v[9] = {W->target_hidden, W->drafter_hidden, W->depth, W->top_k, W->width, W->layers, W->heads,
+                          W->ffn, W->rank};
+    std::memcpy(out, v, sizeof(v));
+    return 9;
+}
+
+int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, const float * h_drafter,
+                     int32_t n_paths, const int32_t * path_draft, const int32_t * path_len, const float * step_emb,
+                     float * q_out) {
+    if (W == nullptr || n_drafts < 1 || n_paths < 1 || h_target == nullptr || h_drafter == nullptr ||
+        path_draft == nullptr || path_len == nullptr || step_emb == nullptr || q_out == nullptr) {
+        return -1;
+    }
+    const int32_t D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H;
+    int32_t T = 0;
+    for (int32_t p = 0; p < n_paths; ++p) {
+        if (path_draft[p] < 0 || path_draft[p] >= n_drafts || path_len[p] < 1 || path_len[p] > D) {
+            return -1;
+        }
+        T += path_len[p];
+    }
+    const int32_t P = n_drafts * (1 + D), Tk = P + T;
+    const size_t n_nodes = 64 + 64 * (size_t) W->layers;
+    ggml_init_params params = {
+        /*.mem_size   =*/ n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false),
+        /*.mem_buffer =*/ nullptr,
+        /*.no_alloc   =*/ true,
+    };
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return -2;
+    }
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx_guard(ctx, ggml_free);
+    auto input = [&](ggml_tensor * t) { ggml_set_input(t); return t; };
+    ggml_tensor * ht    = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, n_drafts));
+    ggml_tensor * hdr   = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->drafter_hidden, (int64_t) n_drafts * D));
+    ggml_tensor * se    = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, T));
+    ggml_tensor * pos_p = input(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, P));
+    ggml_tensor * pos_s = input(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T));
+    ggml_tensor * mask  = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Tk, T));
+    ggml_tensor * sel   = input(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_paths));
+
+    // prefix rows: the n_drafts target states, then the drafts' drafter states (draft-major)
+    ggml_tensor * t = ggml_mul_mat(ctx, W->get("target_proj.weight"), weaver_norm(ctx, ht, W->get("target_norm.weight"), W->eps));
+    ggml_tensor * d = ggml_mul_mat(ctx, W->get("drafter_proj.weight"), weaver_norm(ctx, hdr, W->get("drafter_norm.weight"), W->eps));
+    ggml_tensor * prefix = ggml_concat(ctx, t, d, 1);                                   // [W, P]
+    ggml_tensor * x = ggml_mul_mat(ctx, W->get("step_proj.weight"), weaver_norm(ctx, se, W->get("step_norm.weight"), W->eps));
+    const float scale = 1.0f / std::sqrt((float) hd);
+    for (int32_t l = 0; l < W->layers; ++l) {
+        auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
+        ggml_tensor * h = weaver_norm(ctx, x, L("attn_norm"), W->eps);
+        ggml_tensor * p = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
+        auto rope = [&](ggml_tensor * a, ggml_tensor * pos) {
+            return ggml_rope_ext(ctx, a, pos, nullptr, hd, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        };
+        ggml_tensor * q  = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, T), pos_s);
+        ggml_tensor * kp = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p);
+        ggml_tensor * ks = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, T), pos_s);
+        ggml_tensor * k  = ggml_concat(ctx, kp, ks, 2);                                  // [hd, H, Tk]
+        ggml_tensor * v  = ggml_reshape_3d(ctx, ggml_concat(ctx, ggml_mul_mat(ctx, L("v"), p), ggml_mul_mat(ctx, L("v"), h), 1), hd, H, Tk);
+        ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));  // [Tk, T, H]
+        kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);
+        ggml_tensor * vt  = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));             // [Tk, hd, H]
+        ggml_tensor * kqv = ggml_mul_mat(ctx, vt, kq);                                   // [hd, T, H]
+        ggml_tensor * o   = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)), Wd, T);
+        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L("o"), o));
+        ggml_tensor * m = weaver_norm(ctx, x, L("mlp_norm"), W->eps);
+        ggml_tensor * g = ggml_silu(ctx, ggml_mul_mat(ctx, L("gate"), m));
+        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L("down"), ggml_mul(ctx, g, ggml_mul_mat(ctx, L("up"), m))));
+    }
+    ggml_tensor * qv = ggml_mul_mat(ctx, W->get("out.weight"), weaver_norm(ctx, x, W->get("norm.weight"), W->eps));
+    ggml_tensor * res = ggml_get_rows(ctx, qv, sel);                                     // [r, n_paths]
+    ggml_set_output(res);
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
+    ggml_build_forward_expand(gf, res);
+    if (!ggml_gallocr_alloc_graph(W->galloc, gf)) {
+        return -2;
+    }
+    // inputs
+    ggml_backend_tensor_set(ht, h_target, 0, ggml_nbytes(ht));
+    ggml_backend_tensor_set(hdr, h_drafter, 0, ggml_nbytes(hdr));
+    ggml_backend_tensor_set(se, step_emb, 0, ggml_nbytes(se));
+    std::vector<int32_t> pp(P), ps(T), sl(n_paths), row_draft(T), row_step(T), row_path(T);
+    for (int32_t n = 0; n < n_drafts; ++n) {
+        pp[n] = 0;
+        for (int32_t i = 0; i < D; ++i) {
+            pp[n_drafts + n * D + i] = i + 1;
+        }
+    }
+    for (int32_t p = 0, r = 0; p < n_paths; ++p) {
+        for (int32_t s = 0; s < path_len[p]; ++s, ++r) {
+            ps[r] = s + 1;
+            row_draft[r] = path_draft[p];
+            row_step[r] = s;
+            row_path[r] = p;
+        }
+        sl[p] = r - 1;
+    }
+    std::vector<ggml_fp16_t> m((size_t) Tk * T, ggml_fp32_to_fp16(-INFINITY));
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+    for (int32_t r = 0; r < T; ++r) {
+        ggml_fp16_t * row = m.data() + (size_t) r * Tk;
+        const int32_t n = row_draft[r];
+        row[n] = zero;                                              // its draft's target state
+        for (int32_t i = 0; i < D; ++i) {
+            row[n_drafts + n * D + i] = zero;                       // its draft's drafter states
+        }
+        for (int32_t c = r - row_step[r]; c <= r; ++c) {
+            row[P + c] = zero;                                      // its path's steps up to itself
+        }
+    }
+    ggml_backend_tensor_set(pos_p, pp.data(), 0, ggml_nbytes(pos_p));
+    ggml_backend_tensor_set(pos_s, ps.data(), 0, ggml_nbytes(pos_s));
+    ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
+    ggml_backend_tensor_set(sel, sl.data(), 0, ggml_nbytes(sel));
+    if (ggml_backend_graph_compute(W->backend, gf) != GGML_STATUS_SUCCESS) {
+        return -3;
+    }
+    ggml_backend_tensor_get(res, q_out, 0, ggml_nbytes(res));
+    return n_paths;
 }

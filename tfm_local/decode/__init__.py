@@ -9,6 +9,7 @@ the engine calls it once per step):
 - ``accept``   the lossless acceptance walk over the verified tree
 - ``step``     one step, draft → tree → verify → accept → commit, and the ``StepRecord`` it returns
 - ``budget``   the automatic budget: how many drafted tokens to verify per step, from measured costs
+- ``weaver``   the Weaver on the backend (TfM's re-scorer of the candidates along a path; not yet in a step)
 - ``warmup``   every pass shape the budget may choose run once at load (GPU), so that no timed step is cold
 - ``sampling`` the target's processed distribution and the draw (temperature, top-k, top-p, min-p)
 - ``stats``    per-generation counters and the time split (``GenerationStats``)

@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 11
+API_VERSION = 12
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -37,6 +37,11 @@ int32_t tfm_sample_attach(void * ctx, float temp, int32_t top_k, float top_p, fl
 int32_t tfm_sample_set_positions(void * ctx, const int64_t * pos, int32_t n);
 int32_t tfm_sample_get(void * ctx, int32_t i0, int32_t n, int32_t * ids, int32_t * n_kept);
 uint64_t tfm_sample_key(uint64_t seed, int64_t pos);
+void * tfm_weaver_load(const char * path, int32_t device, int32_t n_threads);
+void tfm_weaver_free(void * w);
+int32_t tfm_weaver_shape(const void * w, int32_t * out);
+int32_t tfm_weaver_q(void * w, int32_t n_drafts, const float * h_target, const float * h_drafter, int32_t n_paths,
+                     const int32_t * path_draft, const int32_t * path_len, const float * step_emb, float * q_out);
 void tfm_test_op_set_fparams(const float * p, int32_t n);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
@@ -447,3 +452,48 @@ def bench_op(op: str, srcs, iparam: int = 0, device: str = "cpu", n_threads: int
                         int(n_repeat), int(n_warmup), int(n_iter), ffi.from_buffer("float[]", ms))
     _check_rc(rc, op, device, "tfm_bench_op")
     return ms
+
+
+# -- the Weaver (tfm_weaver_*, API version 12) -------------------------------------------------------
+
+def weaver_load(path: str, device: int, n_threads: int):
+    """A loaded Weaver GGUF on the CPU (``device`` 0) or the first GPU (1): a cffi handle freed when
+    collected; raises NativeError when the file or device cannot be used."""
+    ffi, h = lib()
+    w = h.tfm_weaver_load(str(path).encode(), int(device), int(n_threads))
+    if w == ffi.NULL:
+        raise NativeError(f"cannot load the Weaver {path} on {'the CPU' if device == 0 else 'the GPU'} "
+                          "(not a tfm-weaver GGUF, a tensor missing, or no such device)")
+    return ffi.gc(w, h.tfm_weaver_free)
+
+
+def weaver_shape(w) -> dict:
+    """The sizes of a loaded Weaver (``WeaverConfig`` names)."""
+    ffi, h = lib()
+    out = ffi.new("int32_t[9]")
+    h.tfm_weaver_shape(w, out)
+    names = ("target_hidden", "drafter_hidden", "depth", "top_k", "width", "layers", "heads", "ffn", "rank")
+    return dict(zip(names, (int(v) for v in out)))
+
+
+def weaver_q(w, rank: int, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray,
+             path_len: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
+    """q ``[n_paths, rank]`` float32 of each path's last step (tfm-ext.h, ``tfm_weaver_q``); raises
+    ValueError for inputs the library refuses, NativeError when the backend fails."""
+    ffi, h = lib()
+    ht = np.ascontiguousarray(h_target, dtype=np.float32)
+    hd = np.ascontiguousarray(h_drafter, dtype=np.float32)
+    pd = np.ascontiguousarray(path_draft, dtype=np.int32)
+    pl = np.ascontiguousarray(path_len, dtype=np.int32)
+    se = np.ascontiguousarray(step_emb, dtype=np.float32)
+    if len(pd) != len(pl) or se.shape[0] != int(pl.sum()):
+        raise ValueError(f"{len(pd)} paths, {len(pl)} lengths summing to {int(pl.sum())}, {se.shape[0]} step rows")
+    out = np.empty((len(pd), rank), dtype=np.float32)
+    f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
+    r = h.tfm_weaver_q(w, ht.shape[0], f(ht, "float *"), f(hd, "float *"), len(pd), f(pd, "int32_t *"),
+                       f(pl, "int32_t *"), f(se, "float *"), f(out, "float *"))
+    if r == -1:
+        raise ValueError("tfm_weaver_q refused its inputs (a path's draft or length out of range)")
+    if r < 0:
+        raise NativeError(f"tfm_weaver_q failed ({r})")
+    return out
