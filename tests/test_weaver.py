@@ -309,3 +309,39 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
     with pytest.raises(ValueError):
         rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([0]), np.array([D + 1]),
              np.zeros((D + 1, x.h_target.shape[1]), np.float32))
+
+
+def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):
+    """``decode.weaver.tfm_tree`` (the ggml Weaver, the target's embedding rows from its GGUF, the tree
+    builder ``build_tfm``) accepts what the trainer's PyTorch reference tree accepts, draft for draft,
+    one, two (the paper's at 32 nodes) and four entries a round."""
+    from tfm_local.decode.weaver import TargetEmbeddings, tfm_tree
+    from tfm_local.decode.weaver import Weaver as RuntimeWeaver
+    from tfm_local.train.batching import make_batch
+    from tfm_local.train.checkpoint import load_checkpoint
+    from tfm_local.train.corpus import load_corpus
+    from tfm_local.train.target_torch import TorchTarget
+    from tfm_local.train.weaver_eval import accepted_length, tfm_accepted
+    from tfm_local.train.weaver_fit import export_weaver, load_frozen_drafter, weaver_inputs
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=30, **OPTS), "cpu",
+                     log=lambda s: None)
+    path = export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"]
+    st = load_checkpoint(res["checkpoint"])
+    ref = Weaver(WeaverConfig.from_dict(st["config"]))
+    ref.load_state_dict(st["model"])
+    tgt, (dft, _) = TorchTarget(target), load_frozen_drafter(drafter, target, "cpu")
+    x = weaver_inputs(tgt, dft, make_batch(load_corpus(d / "corpus")[1][:4], 4, dft.config.block_size,
+                                           dft.config.mask_token_id, 512, np.random.default_rng(5)), ref.config.top_k)
+    rt, embed = RuntimeWeaver(path, "cpu", 1), TargetEmbeddings(target)
+    assert np.allclose(embed(x.root[:3].numpy()), x.step_emb[:3, 0].numpy())
+    for budget, width in ((16, 4), (8, 1), (32, None)):
+        want = tfm_accepted(ref, tgt, x, budget, width or 2)
+        got = []
+        for n in range(len(want)):
+            t = tfm_tree(rt, embed, int(x.root[n]), x.h_target[n].numpy(), x.h_drafter[n].numpy(), x.cand[n].numpy(),
+                         x.cand_logit[n].numpy(), budget, width)
+            assert len(t) == budget + 1 and np.all(t.parents[1:] < np.arange(1, budget + 1))
+            got.append(accepted_length(t.parents, t.tokens, x.labels[n].numpy()))
+        assert np.array_equal(np.array(got), want), (budget, got, want)

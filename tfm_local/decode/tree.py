@@ -13,8 +13,9 @@ Builders share one interface: ``build(root, cand_tokens, cand_logp, budget) -> T
   position's candidates are sorted.
 - w-wide (TfM, "Trees from Marginals"): pop the w best frontier entries and
   expand them together, ⌈B/w⌉ sequential steps; ``rescore`` (optional)
-  re-scores the children of a whole step at once, the hook for a learned
-  re-scorer (Weaver). Without it, scores are the marginals'.
+  re-scores the children of a whole step at once. Without it, scores are the marginals'.
+- TfM (``build_tfm``): the w-wide heap whose scores come from a path scorer (the Weaver,
+  ``decode.weaver``): each new node's next-depth candidates scored given its path.
 
 Inputs: ``cand_tokens`` int ``[D, K]`` and ``cand_logp`` float ``[D, K]``, the
 top-K candidates of block positions 1..D sorted by descending log-prob.
@@ -160,6 +161,52 @@ def _scores(pushes, node_logp, logp, rescore, root, nodes) -> list[float]:
     if rescore is not None and pushes:
         return list(rescore(Tree.from_lists(root, nodes), pushes))
     return [node_logp[p] + logp[d][k] for p, d, k in pushes]
+
+
+#: A TfM round's scorer: the candidate ranks of each path (one rank per depth; ``()`` = the root) →
+#: float ``[n_paths, K]``, the log-probabilities of the K candidates of each path's next depth.
+PathScorer = Callable[[list[tuple[int, ...]]], np.ndarray]
+
+
+def build_tfm(root: int, cand_tokens: np.ndarray, budget: int, score: PathScorer, width: int = 4,
+              children: int = 8) -> Tree:
+    """A TfM tree (Trees from Marginals, arXiv 2607.06763): each round pops the ``width`` best frontier
+    entries, makes them nodes, and scores the candidates of the next depth for all of them in one
+    ``score`` call (the Weaver, conditioned on each node's path); each new node offers its ``children``
+    best candidates, scored by its cumulative log-probability plus theirs. ⌈B/w⌉ rounds for B nodes.
+
+    Args:
+        cand_tokens: int ``[D, K]``, the drafter's candidates of block positions 1..D.
+        budget: drafted nodes. score: ``PathScorer``.
+    Returns:
+        the tree; ``logp`` holds the scorer's cumulative log-probabilities. The same tree as the
+        trainer's reference (``tfm_local.train.weaver_eval.tfm_accepted``) for the same scores.
+    """
+    D, K = cand_tokens.shape
+    if not D or not K or budget < 1:
+        return Tree.root(root)
+    nodes: list[tuple[int, int, float]] = []
+    ranks: list[tuple[int, ...]] = [()]
+    heap: list[tuple[float, int, int, int]] = []  # (-score, parent, parent depth, rank)
+
+    def push(parents: list[int], lps: np.ndarray) -> None:
+        for v, lp in zip(parents, lps):
+            base = 0.0 if v == 0 else nodes[v - 1][2]
+            for k in np.argsort(-lp, kind="stable")[:children]:
+                heapq.heappush(heap, (-(base + float(lp[k])), v, len(ranks[v]), int(k)))
+
+    push([0], score([()]))
+    while heap and len(nodes) < budget:
+        new = []
+        for _ in range(min(width, len(heap), budget - len(nodes))):
+            neg, parent, d, k = heapq.heappop(heap)
+            nodes.append((parent, int(cand_tokens[d, k]), -neg))
+            ranks.append(ranks[parent] + (k,))
+            if d + 1 < D:
+                new.append(len(nodes))
+        if new and len(nodes) < budget:
+            push(new, score([ranks[v] for v in new]))
+    return Tree.from_lists(root, nodes)
 
 
 BUILDERS = {"chain": build_chain, "ddtree": build_ddtree, "wide": build_wide}

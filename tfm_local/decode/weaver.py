@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from ..llama import native
+from .tree import Tree, build_tfm
 
 
 class Weaver:
@@ -67,3 +68,85 @@ class Weaver:
     def close(self) -> None:
         """Free the backend's copy (idempotent)."""
         self._w = None
+
+
+class TargetEmbeddings:
+    """Rows of the target's token embedding table (``token_embd.weight``), dequantized on demand from the
+    memory-mapped GGUF and kept: a Weaver step is the target's embedding of its token.
+
+    Raises:
+        tfm_convert.ConvertError: an unreadable GGUF or one without ``token_embd.weight``.
+    """
+
+    def __init__(self, target: str | os.PathLike):
+        import mmap
+
+        import gguf
+        from tfm_convert.errors import ConvertError
+        from tfm_local.files.gguf_meta import GGUFError, read_gguf_meta
+
+        try:
+            meta = read_gguf_meta(target)
+        except GGUFError as e:
+            raise ConvertError(str(e)) from None
+        e = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
+        if e is None:
+            raise ConvertError(f"{target} has no token_embd.weight")
+        self.n_embd, self.n_vocab = int(e.ne[0]), int(e.ne[1])
+        self._qt = gguf.GGMLQuantizationType(e.ggml_type)
+        self._row = e.nbytes // self.n_vocab
+        self._begin = e.begin
+        self._file = open(target, "rb")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __call__(self, ids) -> np.ndarray:
+        """float32 ``[len(ids), n_embd]``. Raises IndexError for an id outside the vocabulary."""
+        import gguf
+
+        out = np.empty((len(ids), self.n_embd), dtype=np.float32)
+        for i, t in enumerate(ids):
+            t = int(t)
+            row = self._rows.get(t)
+            if row is None:
+                if not 0 <= t < self.n_vocab:
+                    raise IndexError(f"token {t} outside the vocabulary of {self.n_vocab}")
+                raw = np.frombuffer(self._map, dtype=np.uint8, count=self._row, offset=self._begin + t * self._row)
+                row = self._rows[t] = np.asarray(gguf.quants.dequantize(raw[None], self._qt), np.float32).reshape(-1)
+            out[i] = row
+        return out
+
+
+class WeaverPaths:
+    """The ``tree.PathScorer`` of one draft: the Weaver's log-probabilities of the next depth's K
+    candidates for each path, in one backend call per round.
+
+    Args:
+        weaver: the loaded Weaver. embed: ``TargetEmbeddings`` of its target. root: the last emitted token.
+        h_target: float32 ``[target_hidden]``; h_drafter: ``[depth, drafter_hidden]`` (module doc).
+        cand: int ``[depth, K]`` the drafter's candidates; cand_logit: float ``[depth, K]`` their logits.
+    """
+
+    def __init__(self, weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.ndarray,
+                 h_drafter: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray):
+        self.w, self.embed, self.root = weaver, embed, int(root)
+        self.ht, self.hd = np.asarray(h_target, np.float32)[None], np.asarray(h_drafter, np.float32)[None]
+        self.cand, self.logit = np.asarray(cand), np.asarray(cand_logit, np.float32)
+
+    def __call__(self, paths: list[tuple[int, ...]]) -> np.ndarray:
+        ids = [t for p in paths for t in [self.root] + [int(self.cand[d, k]) for d, k in enumerate(p)]]
+        lens = np.array([len(p) + 1 for p in paths])
+        q = self.w.q(self.ht, self.hd, np.zeros(len(paths), np.int32), lens, self.embed(ids))
+        depth = lens - 1
+        z = self.w.scores(q, self.cand[depth], self.logit[depth]).astype(np.float64)
+        m = z.max(1, keepdims=True)
+        return z - (m + np.log(np.exp(z - m).sum(1, keepdims=True)))
+
+
+def tfm_tree(weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.ndarray, h_drafter: np.ndarray,
+             cand: np.ndarray, cand_logit: np.ndarray, budget: int, width: int | None = None,
+             children: int = 8) -> Tree:
+    """A TfM tree of ``budget`` drafted nodes for one draft (``tree.build_tfm`` with ``WeaverPaths``);
+    ``width`` None = ⌈budget/16⌉ (the paper's)."""
+    score = WeaverPaths(weaver, embed, root, h_target, h_drafter, cand, cand_logit)
+    return build_tfm(root, np.asarray(cand), budget, score, width or -(-budget // 16), children)
