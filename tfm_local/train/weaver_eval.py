@@ -60,7 +60,7 @@ def tfm_accepted(weaver: Weaver, target, x: WeaverInputs, budget: int, width: in
         width: w, frontier entries popped per round. children: candidates a new node offers.
     """
     N, D, K = x.cand.shape
-    codes = weaver.codes(x.head_rows)
+    codes = x.codes(weaver)
     cand = x.cand.cpu().numpy()
     labels = x.labels.cpu().numpy()
     root = x.root.cpu().numpy()
@@ -130,7 +130,7 @@ def compare_trees(weaver: Weaver, target, drafter, seqs, opts, budgets=(16, 32, 
                            np.random.default_rng([0, i])).to(dev)
         x = weaver_inputs(target, drafter, batch, weaver.config.top_k)
         _, _, base = candidate_loss(x.cand_logit, x.cand, x.labels, IGNORE)
-        scores = weaver(x.h_target, x.h_drafter, x.step_emb, x.cand_logit, weaver.codes(x.head_rows))
+        scores = weaver(x.h_target, x.h_drafter, x.step_emb, x.cand_logit, x.codes(weaver))
         _, _, top1 = candidate_loss(scores, x.cand, x.labels, IGNORE)
         acc.setdefault("chain", []).append(accepted_prefix(base).cpu().numpy())
         acc.setdefault("chain_weaver", []).append(accepted_prefix(top1).cpu().numpy())

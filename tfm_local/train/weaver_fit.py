@@ -75,9 +75,9 @@ class WeaverInputs:
     Attributes:
         h_target ``[N, H_t]``, h_drafter ``[N, D, H_d]``, step_emb ``[N, D, H_t]`` float32;
         cand int64 ``[N, D, K]``, cand_logit and cand_logp float32 ``[N, D, K]`` (the drafter's top-K,
-        best first: logits, and log-probabilities over the whole vocabulary); head_rows ``[N, D, K,
-        H_t]`` their LM-head rows; labels int64 ``[N, D]`` (``IGNORE`` past a sequence's end); root
-        int64 ``[N]`` the anchor's token (step 0).
+        best first: logits, and log-probabilities over the whole vocabulary); head ``[n_vocab, H_t]``
+        the target's LM head (``head_rows``: the candidates' rows); labels int64 ``[N, D]`` (``IGNORE``
+        past a sequence's end); root int64 ``[N]`` the anchor's token (step 0).
     """
 
     h_target: torch.Tensor
@@ -85,10 +85,22 @@ class WeaverInputs:
     step_emb: torch.Tensor
     cand: torch.Tensor
     cand_logit: torch.Tensor
-    head_rows: torch.Tensor
+    head: torch.Tensor
     labels: torch.Tensor
     cand_logp: torch.Tensor
     root: torch.Tensor
+
+    @property
+    def head_rows(self) -> torch.Tensor:
+        """``[N, D, K, H_t]`` float32: the candidates' LM-head rows."""
+        return self.head[self.cand].float()
+
+    def codes(self, weaver: Weaver) -> torch.Tensor:
+        """The candidates' codes ``[N, D, K, r]`` (with gradients into P): through the whole head's table
+        when there are more candidates than vocabulary rows (less memory and work), else row by row."""
+        if self.cand.numel() > self.head.shape[0]:
+            return weaver.codes(self.head.float())[self.cand]
+        return weaver.codes(self.head_rows)
 
 
 @torch.no_grad()
@@ -106,22 +118,29 @@ def weaver_inputs(target, drafter: DFlashDraft, batch: Batch, top_k: int) -> Wea
     bi, ai = batch.anchor_ok.nonzero(as_tuple=True)
     anchors = batch.anchors[bi, ai]
     h_drafter = h[bi, ai, 1:].float()                                    # [N, D, H_d]
-    logits = torch.cat([target.lm_head(c).float() for c in h_drafter.split(64)]) if len(bi) else \
-        h_drafter.new_zeros(0, S - 1, target.head.shape[0])
-    cand_logit, cand = logits.topk(min(top_k, logits.shape[-1]), -1)
-    cand_logp = cand_logit - torch.logsumexp(logits, -1, keepdim=True)
+    k = min(top_k, target.head.shape[0])
+    parts = []  # per chunk of drafts: the top-k logits, their ids and the log-normaliser (full logits never kept)
+    for c in h_drafter.split(64):
+        logits = target.lm_head(c).float()
+        parts.append((*logits.topk(k, -1), torch.logsumexp(logits, -1, keepdim=True)))
+    if parts:
+        cand_logit, cand, lse = (torch.cat(t) for t in zip(*parts))
+    else:
+        cand_logit = h_drafter.new_zeros(0, S - 1, k)
+        cand, lse = cand_logit.long(), cand_logit[..., :1]
+    cand_logp = cand_logit - lse
     labels = batch.labels.view(B, A, S)[bi, ai, 1:]
     root = batch.noise.view(B, A, S)[bi, ai, 0]
     path = torch.where(labels[:, :-1] == IGNORE, torch.zeros_like(labels[:, :-1]), labels[:, :-1])
     steps = torch.cat([root[:, None], path], 1)
     return WeaverInputs(final[bi, anchors - 1].float(), h_drafter, target.embed(steps).float(), cand, cand_logit,
-                        target.head[cand].float(), labels, cand_logp, root)
+                        target.head, labels, cand_logp, root)
 
 
 def weaver_step_loss(weaver: Weaver, x: WeaverInputs) -> dict:
     """Loss (mean over positions whose target token is a candidate) and counts of one batch:
     ``{"loss" (tensor), "rows", "top1", "top1_drafter", "accepted", "accepted_drafter", "drafts"}``."""
-    scores = weaver(x.h_target, x.h_drafter, x.step_emb, x.cand_logit, weaver.codes(x.head_rows))
+    scores = weaver(x.h_target, x.h_drafter, x.step_emb, x.cand_logit, x.codes(weaver))
     total, rows, top1 = candidate_loss(scores, x.cand, x.labels, IGNORE)
     _, _, base = candidate_loss(x.cand_logit, x.cand, x.labels, IGNORE)
     n = int(rows.sum())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The first Weaver run for the default pair on one GPU, after setup.sh, the CUDA build and join.sh, in the
+# background (it outlives the call that starts it):
+#   (PROMPTS=~/repo/.whl/prompts-t4.npz GEN_MIN=6 STEPS=3000 setsid nohup bash ~/repo/lab/gpu/weaver.sh \
+#      > ~/st/weaver.log 2>&1 < /dev/null &)
+# 1. a corpus of the target's greedy responses (tfm-train data, torch backend, GEN_MIN minutes), unless
+#    ~/w/c0 holds one already;
+# 2. tfm-train weaver on it with the shipped drafter, the last 64 sequences held out: at the end the
+#    held-out τ of the chain, DDTree and TfM at 16, 32 and 64 nodes (docs/training.md), the log and the
+#    Weaver GGUFs in ~/st/weaver/. Environment: PROMPTS, GEN_MIN, MAXNEW (256), STEPS (3000), WEAVER_OPTS
+#    (extra tfm-train weaver options, e.g. "--width 512 --top-k 128").
+set -uo pipefail
+. ~/env.sh
+mkdir -p ${ST:-~/st}/weaver
+cd ~/repo
+T=~/w/model.gguf
+if [ ! -e ~/w/c0/manifest.json ]; then
+  python3 -m tfm_local.cli.train data --target $T --prompts "$PROMPTS" --out ~/w/c0 --backend torch \
+    --batch-size 512 --max-new-tokens "${MAXNEW:-256}" --time-budget "${GEN_MIN:-6}" > ${ST:-~/st}/weaver/gen.log 2>&1 \
+    || { echo "corpus generation failed (weaver/gen.log)"; exit 1; }
+fi
+python3 -m tfm_local.cli.train weaver --corpus ~/w/c0 --target $T --drafter auto --out ~/w/weaver \
+  --steps "${STEPS:-3000}" --holdout 64 --batch-tokens 16384 --anchors 16 --log-every 50 ${WEAVER_OPTS:-} \
+  > ${ST:-~/st}/weaver/fit.log 2>&1 || { echo "weaver fit failed (weaver/fit.log)"; exit 1; }
+cp ~/w/weaver/export/*.gguf ${ST:-~/st}/weaver/ && touch ${ST:-~/st}/weaver.done
