@@ -3,7 +3,8 @@
 Metadata: every ``WeaverConfig`` field as ``tfm-weaver.<field>`` (u32 or f32), and what ties the file
 to its pair: ``tfm-weaver.target.sha256`` / ``.target.name`` (the target GGUF it was trained for) and
 ``tfm-weaver.drafter.sha256`` (the drafter's weights, as ``tfm-train`` records them), plus
-``tfm-weaver.target.n_vocab``. Tensors: the PyTorch state under GGUF-style names (``blocks.N.`` →
+``tfm-weaver.target.n_vocab`` and ``tfm-weaver.target.key`` (the target's cheap file key,
+``tfm_local.files.drafters.file_key``, checked when an engine loads the Weaver). Tensors: the PyTorch state under GGUF-style names (``blocks.N.`` →
 ``blk.N.``), and ``codes`` ``[n_vocab, rank]``, the candidates' codes ``P · W_lm[c]`` of every token
 computed at export from the target's LM head, so that scoring K candidates reads K rows of it.
 Norm weights stay F32; matrices take the output type (F16 where a row is not a multiple of its block).
@@ -92,6 +93,7 @@ def write_weaver_gguf(out: str | os.PathLike, config: dict, state: dict, codes: 
             w.add_string(f"{ARCH}.target.sha256", str(identity["target_sha256"]))
             w.add_string(f"{ARCH}.target.name", str(identity.get("target_name", "")))
             w.add_string(f"{ARCH}.drafter.sha256", str(identity["drafter_sha256"]))
+            w.add_string(f"{ARCH}.target.key", str(identity.get("target_key", "")))
             w.add_uint32(f"{ARCH}.target.n_vocab", int(codes.shape[0]))
             plan = [(n, a, tensor_type(a.shape, outtype)) for n, a in arrays.items()]
             for n, a, qt in plan:
@@ -125,7 +127,8 @@ def read_weaver_gguf(path: str | os.PathLike) -> WeaverFile:
             raise ConvertError(f"{path}: Weaver GGUF without {missing or 'its pair identity'}")
         config = {f: int(kv[f"{ARCH}.{f}"]) for f in _INT_FIELDS} | {f: float(kv[f"{ARCH}.{f}"]) for f in _FLOAT_FIELDS}
         identity = {"target_sha256": kv[f"{ARCH}.target.sha256"], "target_name": kv.get(f"{ARCH}.target.name", ""),
-                    "drafter_sha256": kv[f"{ARCH}.drafter.sha256"], "n_vocab": int(kv.get(f"{ARCH}.target.n_vocab", 0))}
+                    "drafter_sha256": kv[f"{ARCH}.drafter.sha256"], "n_vocab": int(kv.get(f"{ARCH}.target.n_vocab", 0)),
+                    "target_key": kv.get(f"{ARCH}.target.key", "")}
         with open(path, "rb") as f:
             raw = np.fromfile(f, dtype=np.uint8)
         tensors = {e.name: dequantize_tensor(raw[e.begin:e.begin + e.nbytes], e) for e in meta.tensors}
@@ -162,7 +165,8 @@ def read_weaver_codes(path: str | os.PathLike) -> tuple[np.ndarray, dict]:
     except GGUFError as e:
         raise ConvertError(str(e)) from None
     identity = {"target_sha256": kv.get(f"{ARCH}.target.sha256", ""), "target_name": kv.get(f"{ARCH}.target.name", ""),
-                "drafter_sha256": kv.get(f"{ARCH}.drafter.sha256", ""), "n_vocab": int(kv.get(f"{ARCH}.target.n_vocab", 0))}
+                "drafter_sha256": kv.get(f"{ARCH}.drafter.sha256", ""), "n_vocab": int(kv.get(f"{ARCH}.target.n_vocab", 0)),
+                "target_key": kv.get(f"{ARCH}.target.key", "")}
     return np.ascontiguousarray(codes, dtype=np.float32), identity
 
 

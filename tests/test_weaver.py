@@ -345,3 +345,66 @@ def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):
             assert len(t) == budget + 1 and np.all(t.parents[1:] < np.arange(1, budget + 1))
             got.append(accepted_length(t.parents, t.tokens, x.labels[n].numpy()))
         assert np.array_equal(np.array(got), want), (budget, got, want)
+
+
+@pytest.fixture(scope="module")
+def full_pool_weaver(pair, tmp_path_factory):
+    """A Weaver of the tiny pair over every token (K = the vocabulary), 60 steps, exported to F32."""
+    d, target, drafter, _ = pair
+    out = tmp_path_factory.mktemp("wfull")
+    shape = {**OPTS["shape"], "top_k": 320}
+    res = fit_weaver(d / "corpus", target, drafter, out / "w", WeaverOptions(steps=60, **{**OPTS, "shape": shape}),
+                     "cpu", log=lambda s: None)
+    from tfm_local.train.weaver_fit import export_weaver
+
+    return export_weaver(res["checkpoint"], target, out / "export", ("f32",))["f32"]
+
+
+def test_engine_tfm_is_lossless_and_accepts_more_than_ddtree(pair, full_pool_weaver, tmp_path):
+    """``Engine(tree="tfm", weaver=...)`` on the tiny pair (a random drafter, a Weaver trained on the
+    target's own responses): greedy outputs are plain decoding's, a seeded sampled output is plain
+    decoding's with the same seed, and TfM@16 accepts far more than DDTree@16 with the same drafter.
+    A missing Weaver, or one of another target, is refused."""
+    from tfm_local.decode.sampling import SamplingParams
+    from tfm_local.engine import Engine
+    from tfm_local.testing.synth import write_tiny_target
+    from tfm_local.train.corpus import load_corpus
+    from tfm_local.train.smoke import TINY
+
+    d, target, drafter, _ = pair
+    seqs = load_corpus(d / "corpus")[1]
+    taus = {"tfm": [], "ddtree": []}
+    with Engine(target, None, n_ctx=512, n_threads=1) as plain, \
+            Engine(target, drafter, n_ctx=512, tree="tfm", weaver=full_pool_weaver, budget=16, n_threads=1) as tfm, \
+            Engine(target, drafter, n_ctx=512, tree="ddtree", budget=16, n_threads=1) as dd:
+        for s in seqs[:4]:
+            ids = [int(t) for t in s.ids[:s.prompt_len]]
+            ref = list(plain.generate_ids(ids, 40, SamplingParams()))
+            for name, e in (("tfm", tfm), ("ddtree", dd)):
+                assert list(e.generate_ids(ids, 40, SamplingParams())) == ref, name
+                taus[name].append(e.stats.tau)
+        sp = SamplingParams(temperature=0.8, seed=7)
+        ids = [int(t) for t in seqs[0].ids[:seqs[0].prompt_len]]
+        assert list(tfm.generate_ids(ids, 40, sp)) == list(plain.generate_ids(ids, 40, sp))
+        tfm.set_draft("ddtree", 16)  # and back: the target stops keeping its hidden states
+        assert list(tfm.generate_ids(ids, 20, SamplingParams())) == list(plain.generate_ids(ids, 20, SamplingParams()))
+    assert np.mean(taus["tfm"]) > 2.0 and np.mean(taus["tfm"]) > np.mean(taus["ddtree"]) + 1.0, taus
+    with pytest.raises(ValueError, match="needs a Weaver"):
+        Engine(target, drafter, n_ctx=512, tree="tfm")
+    with Engine(target, drafter, n_ctx=256, tree="ddtree", n_threads=1) as e, pytest.raises(ValueError, match="Weaver"):
+        e.set_draft("tfm", 16)
+    stranger = write_tiny_target(tmp_path / "other.gguf", **{**TINY, "seed": 97})
+    from tfm_convert.pipeline import init_random
+
+    other_drafter, _ = init_random(stranger, tmp_path / "od.gguf", layers=1, seed=1)
+    with pytest.raises(ValueError, match="another pair"):
+        Engine(stranger, other_drafter, n_ctx=256, tree="tfm", weaver=full_pool_weaver, n_threads=1)
+
+
+def test_tfm_bench_takes_tfm_modes_and_wants_the_weaver(capsys):
+    from tfm_local.bench.tfm_bench import main, parse_mode
+
+    assert (parse_mode("tfm@16").tree, parse_mode("tfm@16").budget) == ("tfm", 16)
+    with pytest.raises(SystemExit) as e:
+        main(["--modes", "plain,tfm@16", "-n", "1", "--no-plot"])
+    assert e.value.code != 0 and "--weaver" in capsys.readouterr().err

@@ -74,8 +74,9 @@ class Engine:
             an int (0 = plain decoding), or None (block size - 1 for the chain, 63 for trees).
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
-        tree: "chain" (the DFlash chain), "ddtree" (best-first tree) or "wide" (w-wide heap);
-            for trees ``budget`` counts drafted nodes. tree_top_k: candidates per block position.
+        tree: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap) or "tfm"
+            (the w-wide heap scored by the Weaver: needs ``weaver``); for trees ``budget`` counts drafted
+            nodes. tree_top_k: candidates per block position.
         tree_width: heap entries expanded together by "wide".
         greedy_argmax: at temperature 0, "backend" reads each verified row's argmax computed on
             the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
@@ -83,6 +84,8 @@ class Engine:
         draft_vocab: the drafter's draft vocabulary (``drafters.apply_draft_vocab``): "auto" (default;
             the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``; on a GPU the full
             vocabulary, ``drafters.draft_vocab_on``), "full" (none), or an ``.npy`` file of target token ids.
+        weaver: a Weaver GGUF for ``tree="tfm"`` (``tfm-train weaver``, ``tfm-convert --weaver``), trained
+            for this target; None = none.
         warm_up: run every pass shape the budget can take once at load, and again for new shapes at
             ``set_budget`` (``decode.warmup``: a GPU's first pass of a shape loads its kernels, 10-50 ms
             on the H200, which would otherwise fall inside a generation); None (default) = on a GPU.
@@ -97,7 +100,8 @@ class Engine:
                  n_ctx: int = 4096, budget: int | str | None = "auto", kv_type: str = "f16",
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
                  tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto",
-                 draft_vocab: str | os.PathLike = "auto", warm_up: bool | None = None):
+                 draft_vocab: str | os.PathLike = "auto", warm_up: bool | None = None,
+                 weaver: str | os.PathLike | None = None):
         from .files.drafters import check_draft_vocab_mode, draft_vocab_on, resolve_drafter
         from .llama.model import gpu_available
         from .files.models import DEFAULT_TARGET, resolve_model
@@ -107,7 +111,9 @@ class Engine:
         check_draft_vocab_mode(draft_vocab)
         _check_budget(budget)
         if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
+            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree, wide or tfm")
+        if tree == "tfm" and weaver is None:
+            raise ValueError('tree="tfm" needs a Weaver: Engine(..., weaver="weaver.gguf")')
         if int(tree_width) < 1 or int(tree_top_k) < 1:
             raise ValueError(f"tree_width and tree_top_k must be >= 1 (got {tree_width}, {tree_top_k})")
         target_path = resolve_model(target or DEFAULT_TARGET)
@@ -125,6 +131,14 @@ class Engine:
             self.close()
             raise ValueError(f"tree_top_k must be at most the vocabulary size {n_vocab} (got {tree_top_k})")
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
+        self.tfm = None  # the Weaver's side of "tfm" steps (decode.weaver.TfmDrafter)
+        if weaver is not None and self.drafter is not None:
+            try:
+                self.tfm = self._load_weaver(weaver, target_path, on_gpu, n_threads)
+            except Exception:
+                self.close()
+                raise
+        self.target.set_final_hidden(self.tfm is not None and tree == "tfm")
         self.budget = 0
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
@@ -196,7 +210,9 @@ class Engine:
         the previous shape is restored).
         """
         if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree or wide")
+            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree, wide or tfm")
+        if tree == "tfm" and self.tfm is None:
+            raise ValueError('tree="tfm" needs the engine built with a Weaver (Engine(..., weaver=...))')
         old = self.tree_mode
         self.tree_mode = tree
         try:
@@ -204,6 +220,26 @@ class Engine:
         except ValueError:
             self.tree_mode = old
             raise
+        self.target.set_final_hidden(self.tfm is not None and tree == "tfm")
+
+    def _load_weaver(self, path, target_path, on_gpu: bool, n_threads):
+        """The ``TfmDrafter`` of a Weaver GGUF for this target and drafter. Raises ValueError when its
+        sizes do not fit them (another target or drafter), ConvertError for an unreadable file."""
+        from .decode.weaver import TargetEmbeddings, TfmDrafter, Weaver
+        from .files.drafters import file_key
+
+        w = Weaver(path, "gpu" if on_gpu else "cpu", n_threads)
+        want = {"target_hidden": self.target.model.n_embd, "drafter_hidden": self.drafter.model.n_embd,
+                "depth": self.drafter.block_size - 1}
+        bad = [f"{k} {w.shape[k]} (here {v})" for k, v in want.items() if w.shape[k] != v]
+        if w.identity.get("target_key") and w.identity["target_key"] != file_key(target_path):
+            bad.append(f"target {w.identity['target_name'] or '?'} (not {os.path.basename(str(target_path))})")
+        if w.identity["n_vocab"] != self.target.model.n_vocab:
+            bad.append(f"a vocabulary of {w.identity['n_vocab']} (here {self.target.model.n_vocab})")
+        if bad:
+            w.close()
+            raise ValueError(f"the Weaver {path} was trained for another pair: {', '.join(bad)}")
+        return TfmDrafter(w, TargetEmbeddings(target_path))
 
     def _auto_for(self, shape: str) -> AutoBudget:
         """The auto-budget state of a draft shape (gain curves and draft times differ by shape;
@@ -305,7 +341,10 @@ class Engine:
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
         yield last
-        shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width)
+        tfm = self.tfm if self.tree_mode == "tfm" else None
+        if tfm is not None:
+            tfm.h_target = None  # known after the first verification (its first step drafts DDTree)
+        shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width, weaver=tfm)
         # a plain stretch of the automatic budget (AutoBudget.stretch) runs plain decoding's own steps
         left, done, t_verify, t_step = 0, 0, 0.0, 0.0
         try:
@@ -354,6 +393,9 @@ class Engine:
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None
+        if getattr(self, "tfm", None) is not None:
+            self.tfm.weaver.close()
+            self.tfm = None
         if self.target is not None:
             self.target.close()
             self.target = None

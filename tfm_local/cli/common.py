@@ -115,8 +115,11 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--budget", type=budget_arg, default="auto",
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
                          "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
-    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide"],
-                    help="draft shape: the DFlash chain, a DDTree best-first tree, or a w-wide heap tree")
+    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm"],
+                    help="draft shape: the DFlash chain, a DDTree best-first tree, a w-wide heap tree, or a TfM "
+                         "tree scored by a Weaver (--weaver)")
+    ap.add_argument("--weaver", default=None, metavar="WEAVER.gguf",
+                    help="the Weaver of --tree tfm (tfm-train weaver / tfm-convert --weaver), trained for this target")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
@@ -154,6 +157,6 @@ def engine_from_args(args: argparse.Namespace):
                       drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
                       n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
                       greedy_argmax=getattr(args, "greedy_argmax", "auto"),
-                      draft_vocab=getattr(args, "draft_vocab", "auto"))
+                      draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))

@@ -296,6 +296,18 @@ class DFlashDrafter:
         ids, logp = native.topk_get(self.ctx.ptr, 1, n_draft, self._topk)
         return ids[:, :k].astype(np.int64), logp[:, :k].astype(np.float64)
 
+    def top_k_hidden(self, last_token: int, pos: int, n_draft: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``top_k`` and the drafter's hidden states of block positions 1..n_draft after its final norm,
+        float32 ``[n_draft, n_embd]`` (the Weaver's prefix, TfM)."""
+        self.flush()  # deferred rows first, without hidden states kept
+        self.ctx.set_embeddings(True)
+        try:
+            cand, logp = self.top_k(last_token, pos, n_draft, k)
+            hidden = self.ctx.embeddings(n_draft + 1)[1:].copy()
+        finally:
+            self.ctx.set_embeddings(False)
+        return cand, logp, hidden
+
     def draft_chain(self, last_token: int, pos: int, n_draft: int) -> list[int]:
         """Greedy chain of ``n_draft`` tokens: the most likely token of each block position (``top_k``, k = 1)."""
         return [int(i) for i in self.top_k(last_token, pos, n_draft, 1)[0][:, 0]]

@@ -22,6 +22,7 @@ the tree is the root alone. Method and sources: docs/design.md §1 and §5.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 from typing import Callable
 
 import numpy as np
@@ -33,8 +34,9 @@ from .stats import PHASES, PhaseClock
 from .tree import BUILDERS, Tree, build_chain, build_wide
 from .verify import Target
 
-#: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap).
-TREE_SHAPES = ("chain", "ddtree", "wide")
+#: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
+#: (the w-wide heap scored by the Weaver, ``weaver.TfmDrafter``).
+TREE_SHAPES = ("chain", "ddtree", "wide", "tfm")
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,15 @@ class DraftShape:
     """How a step turns the drafter's block into a tree.
 
     tree: one of ``TREE_SHAPES``. top_k: candidates per block position for trees (K of the
-    marginals ``[D, K]``). width: heap entries "wide" expands together.
+    marginals ``[D, K]``). width: heap entries "wide" expands together. weaver: the
+    ``weaver.TfmDrafter`` of "tfm" (its K and width are its own; until the target's final hidden
+    state at the last committed token is known, the first step of a generation, "tfm" drafts DDTree).
     """
 
     tree: str = "chain"
     top_k: int = 8
     width: int = 4
+    weaver: Any = field(default=None, compare=False)
 
 
 @dataclass
@@ -141,12 +146,21 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
         tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
         clock.mark("tree")
         return tree, None
+    tfm = shape.weaver if shape.tree == "tfm" else None
+    if tfm is not None and tfm.h_target is not None:
+        cand, logp, hidden = drafter.top_k_hidden(last, pos, drafter.block_size - 1, tfm.top_k)
+        clock.mark("drafter")
+        tree = tfm.tree(last, cand, logp, hidden, k_plan)
+        curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
+        tree = tree.truncate(k) if with_curve else tree
+        clock.mark("tree")
+        return tree, curve
     cand, logp = drafter.top_k(last, pos, depth, 1 if shape.tree == "chain" else shape.top_k)
     clock.mark("drafter")
     if shape.tree == "wide":
         tree = build_wide(last, cand, logp, k_plan, width=shape.width)
     else:
-        tree = BUILDERS[shape.tree](last, cand, logp, k_plan)
+        tree = BUILDERS["ddtree" if shape.tree == "tfm" else shape.tree](last, cand, logp, k_plan)
     curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
     tree = tree.truncate(k) if with_curve else tree
     clock.mark("tree")
@@ -196,6 +210,8 @@ def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, b
     if capture:
         features = target.features(target.rows(walk.path), len(tree))
         (drafter.inject if drafting else drafter.defer)(features, pos)
+    if shape.weaver is not None:  # TfM: the next draft's prefix starts at the last committed node
+        shape.weaver.h_target = target.final_hidden(walk.path[-1])
     clock.mark("drafter")
     rec.n_nodes, rec.tokens = len(tree), walk.tokens
     return rec

@@ -169,6 +169,7 @@ class Target:
         self._row: np.ndarray = np.zeros(0, np.int64)
         self._parents: np.ndarray | None = None
         self._tree_mode = False
+        self._hidden = False  # final hidden states kept (set_final_hidden)
 
     # -- features ------------------------------------------------------------------------
     def set_features(self, layers: list[int]) -> None:
@@ -237,13 +238,33 @@ class Target:
             raise ValueError("nothing to prefill (no tokens)")
         self.check_fits(len(tokens))
         self.reset()
-        for s in range(0, len(tokens), self.n_batch):
-            chunk = tokens[s:s + self.n_batch]
-            self.ctx.decode_tokens(chunk, s, "last")
-            if on_chunk is not None:
-                on_chunk(s, len(chunk))
+        if self._hidden:  # while kept, every token of a batch is an output: not for the prompt
+            self.ctx.set_embeddings(False)
+        try:
+            for s in range(0, len(tokens), self.n_batch):
+                chunk = tokens[s:s + self.n_batch]
+                self.ctx.decode_tokens(chunk, s, "last")
+                if on_chunk is not None:
+                    on_chunk(s, len(chunk))
+        finally:
+            if self._hidden:
+                self.ctx.set_embeddings(True)
         self.n_past = len(tokens)
         return len(chunk)
+
+    def set_final_hidden(self, on: bool) -> None:
+        """Keep the final hidden state (after the output norm) of every verified node from now on, for
+        ``final_hidden`` (the Weaver's prefix, TfM); the prompt's are never kept."""
+        self._hidden = bool(on)
+        self.ctx.set_embeddings(self._hidden)
+
+    def final_hidden(self, node: int) -> np.ndarray:
+        """float32 ``[n_embd]`` copy of node ``node``'s final hidden state in the last verification.
+        Raises RuntimeError when ``set_final_hidden`` is off."""
+        if not self._hidden:
+            raise RuntimeError("final hidden states are not kept: set_final_hidden(True) first")
+        row = int(self.rows([node])[0])
+        return self.ctx.embeddings(row + 1)[row].copy()
 
     def verify(self, tokens, parents=None, depth=None, *, backend_choice: bool = False,
                on_submit: Callable[[], None] = _nothing) -> "Verdict":

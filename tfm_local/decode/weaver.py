@@ -150,3 +150,30 @@ def tfm_tree(weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.nd
     ``width`` None = ⌈budget/16⌉ (the paper's)."""
     score = WeaverPaths(weaver, embed, root, h_target, h_drafter, cand, cand_logit)
     return build_tfm(root, np.asarray(cand), budget, score, width or -(-budget // 16), children)
+
+
+class TfmDrafter:
+    """The Weaver's side of a TfM step (``step.DraftShape.weaver``): the Weaver, the target's embedding
+    rows, and ``h_target``, the target's final hidden state at the last committed token (the step sets
+    it after each verification; None at a generation's start, when the step drafts DDTree instead).
+
+    Args:
+        weaver: the loaded Weaver. embed: the target's ``TargetEmbeddings``. width: entries popped a
+            round (None = ⌈B/16⌉, the paper's). children: candidates a new node offers (the paper's 8).
+    """
+
+    def __init__(self, weaver: Weaver, embed: TargetEmbeddings, width: int | None = None, children: int = 8):
+        self.weaver, self.embed, self.width, self.children = weaver, embed, width, children
+        self.h_target: np.ndarray | None = None
+
+    @property
+    def top_k(self) -> int:
+        """K, the drafter's candidates per block position the Weaver scores."""
+        return self.weaver.shape["top_k"]
+
+    def tree(self, root: int, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray, budget: int) -> Tree:
+        """The TfM tree of ``budget`` drafted nodes (``tfm_tree``) from the drafter's candidates
+        ``[D, K]`` (log-probabilities serve as its logits: the softmax over K is the same) and its hidden
+        states ``[D, drafter_hidden]``."""
+        return tfm_tree(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp, budget,
+                        self.width, self.children)

@@ -50,6 +50,12 @@ def _file_key(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def file_key(path: str | os.PathLike) -> str:
+    """The cheap identity of a model file (``_file_key``: size and the hash of its first and last MiB);
+    a Weaver GGUF records its target's (``tfm_convert.weaver_gguf``)."""
+    return _file_key(Path(path))
+
+
 def shipped_drafter_for(target: Path, draft_vocab: str | os.PathLike = "auto") -> Path | None:
     """The shipped trained drafter of ``target`` with the target's vocabulary attached (and its draft
     vocabulary, see ``apply_draft_vocab``), or None.

@@ -275,6 +275,20 @@ class Context:
         nv = self.model.n_vocab
         return np.ctypeslib.as_array(p, shape=(n_rows * nv,)).reshape(n_rows, nv)
 
+    def set_embeddings(self, on: bool) -> None:
+        """Keep (or stop keeping) the final hidden state, after the output norm, of the output rows of the
+        following passes (llama.cpp's embeddings; while on, every token of a batch is an output)."""
+        lc.llama_set_embeddings(self.ptr, bool(on))
+
+    def embeddings(self, n_rows: int) -> np.ndarray:
+        """The last batch's output rows' final hidden states: float32 view ``[n_rows, n_embd]`` (valid
+        until the next decode); raises LlamaError when ``set_embeddings`` was off for it."""
+        p = lc.llama_get_embeddings(self.ptr)
+        if not p:
+            raise LlamaError("no hidden states: set_embeddings(True) before the decode")
+        n = self.model.n_embd
+        return np.ctypeslib.as_array(p, shape=(n_rows * n,)).reshape(n_rows, n)
+
     # -- KV cache ------------------------------------------------------------------------
     def truncate(self, pos: int) -> None:
         """Drop every cell at position >= ``pos`` from sequence 0."""

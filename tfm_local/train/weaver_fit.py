@@ -354,6 +354,9 @@ def weaver_gguf_from_checkpoint(checkpoint: str | os.PathLike, target: str | os.
     head = TorchTarget(target, "cpu", n_layers=0).head.float()
     with torch.no_grad():
         codes = torch.cat([weaver.codes(h) for h in head.split(16384)]).numpy()
-    identity = {"target_sha256": ident["sha256"], "target_name": ident["name"], "drafter_sha256": state["drafter"]}
+    from ..files.drafters import file_key
+
+    identity = {"target_sha256": ident["sha256"], "target_name": ident["name"], "drafter_sha256": state["drafter"],
+                "target_key": file_key(Path(target))}
     return {t: write_weaver_gguf(p, weaver.config.to_dict(), weaver.state_dict(), codes, identity, t)
             for t, p in outs.items()}
