@@ -7,7 +7,7 @@
 #    ~/w/c0 holds one already;
 # 2. tfm-train weaver on it with the shipped drafter, the last 64 sequences held out: at the end the
 #    held-out τ of the chain, DDTree and TfM at 16, 32 and 64 nodes (docs/training.md), the log and the
-#    Weaver GGUFs in ~/st/weaver/. Environment: PROMPTS, GEN_MIN, MAXNEW (256), STEPS (3000), WEAVER_OPTS
+#    Weaver GGUFs in ~/st/weaver/; 3. tfm-bench of plain, DDTree and TfM with it (bench-tfm.json). Environment: PROMPTS, GEN_MIN, MAXNEW (256), STEPS (3000), WEAVER_OPTS
 #    (extra tfm-train weaver options, e.g. "--width 512 --top-k 128").
 set -uo pipefail
 . ~/env.sh
@@ -23,3 +23,7 @@ python3 -m tfm_local.cli.train weaver --corpus ~/w/c0 --target $T --drafter auto
   --steps "${STEPS:-3000}" --holdout 64 --batch-tokens 16384 --anchors 16 --log-every 50 ${WEAVER_OPTS:-} \
   > ${ST:-~/st}/weaver/fit.log 2>&1 || { echo "weaver fit failed (weaver/fit.log)"; exit 1; }
 cp ~/w/weaver/export/*.gguf ${ST:-~/st}/weaver/ && touch ${ST:-~/st}/weaver.done
+# 3. the engine with it: plain, DDTree and TfM at 16 and 64 nodes, greedy, 40 prompts a set (BENCH=0: skip)
+[ "${BENCH:-1}" = 0 ] || python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot \
+  --weaver ~/w/weaver/export/weaver-q8_0.gguf --modes plain,ddtree@16,tfm@16,ddtree@64,tfm@64 -n 40 --max-tokens 256 \
+  --json ${ST:-~/st}/weaver/bench-tfm.json > ${ST:-~/st}/weaver/bench.log 2>&1 && touch ${ST:-~/st}/weaver-bench.done
