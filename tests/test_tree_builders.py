@@ -85,3 +85,60 @@ def test_chain_matches_the_list_form():
         for name in ("parents", "tokens", "depth", "logp"):
             x, y = getattr(got, name), getattr(want, name)
             assert x.dtype == y.dtype and np.array_equal(x, y), (name, B)
+
+
+def _path_scorer(rng, K, coarse=False):
+    """A path-dependent scorer: log-softmax over K of logits drawn per path (cached, so repeated calls
+    agree); ``coarse``: logits on a grid of 0.5, so that equal path scores occur."""
+    seen = {}
+
+    def score(paths):
+        out = []
+        for p in paths:
+            if p not in seen:
+                z = rng.normal(0, 2, K)
+                z = np.round(z * 2) / 2 if coarse else z
+                seen[p] = z - np.log(np.exp(z - z.max()).sum()) - z.max()
+            out.append(seen[p])
+        return np.asarray(out)
+    return score
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dartree_deferred_top_b_is_the_best_first_heaps_selection(seed):
+    """DARTree's Lemma 1 as a property: over random supertrees (depth, candidates, width drawn at random,
+    path-dependent log-probabilities, some with ties) and β ≤ 0, the global top-B by path + β·depth is
+    prefix-closed and equals what a best-first heap over the same supertree selects, for every B."""
+    from tfm_local.decode.tree import best_first_selection, build_dartree, dartree_supertree, global_top
+
+    rng = np.random.default_rng(seed)
+    D, K, W = int(rng.integers(1, 8)), int(rng.integers(1, 7)), int(rng.integers(1, 6))
+    score = _path_scorer(rng, K, coarse=seed % 3 == 0)
+    tok = rng.integers(0, 1000, size=(D, K))
+    parents, depth, scores, _ = dartree_supertree(tok, score, W)
+    for beta in (0.0, -0.2, -1.5):
+        prune = scores + beta * depth
+        for B in (0, 1, 2, 5, 17, len(parents) - 1, len(parents) + 3):
+            top = np.sort(global_top(prune, B))
+            assert np.array_equal(top, best_first_selection(parents, prune, B)), (beta, B)
+            assert np.isin(parents[top], np.append(top, 0)).all()
+        t = build_dartree(7, tok, 9, score, W, beta)
+        assert len(t) == min(9, len(parents) - 1) + 1 and np.all(t.parents[1:] < np.arange(1, len(t)))
+        assert np.all(t.depth[1:] == t.depth[t.parents[1:]] + 1)
+    with pytest.raises(ValueError, match="beta"):
+        build_dartree(7, tok, 9, score, W, 0.1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dartree_over_marginals_with_wide_branches_is_ddtree(seed):
+    """With a scorer that ignores the path (the marginals), β = 0 and W ≥ B, DARTree keeps every node
+    DDTree could pick, so it picks DDTree's tree: the same node set (as token paths)."""
+    from tfm_local.decode.tree import build_dartree
+
+    rng = np.random.default_rng(seed)
+    tok, lp = marginals(rng, 6, 4)
+    for B in (1, 5, 16, 40):
+        a = build_ddtree(3, tok, lp, B)
+        b = build_dartree(3, tok, B, lambda paths: lp[[len(p) for p in paths]], width=B, beta=0.0)
+        paths = lambda t: {tuple(t.tokens[t.path(i)]) for i in range(len(t))}  # noqa: E731
+        assert paths(a) == paths(b), B

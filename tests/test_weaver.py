@@ -361,9 +361,10 @@ def full_pool_weaver(pair, tmp_path_factory):
 
 
 def test_engine_tfm_is_lossless_and_accepts_more_than_ddtree(pair, full_pool_weaver, tmp_path):
-    """``Engine(tree="tfm", weaver=...)`` on the tiny pair (a random drafter, a Weaver trained on the
-    target's own responses): greedy outputs are plain decoding's, a seeded sampled output is plain
-    decoding's with the same seed, and TfM@16 accepts far more than DDTree@16 with the same drafter.
+    """``Engine(tree="tfm" | "dartree", weaver=...)`` on the tiny pair (a random drafter, a Weaver trained
+    on the target's own responses): greedy outputs are plain decoding's, a seeded sampled output is plain
+    decoding's with the same seed, and TfM@16 and DARTree@16 accept far more than DDTree@16 with the same
+    drafter.
     A missing Weaver, or one of another target, is refused."""
     from tfm_local.decode.sampling import SamplingParams
     from tfm_local.engine import Engine
@@ -373,22 +374,25 @@ def test_engine_tfm_is_lossless_and_accepts_more_than_ddtree(pair, full_pool_wea
 
     d, target, drafter, _ = pair
     seqs = load_corpus(d / "corpus")[1]
-    taus = {"tfm": [], "ddtree": []}
+    taus = {"tfm": [], "ddtree": [], "dartree": []}
     with Engine(target, None, n_ctx=512, n_threads=1) as plain, \
             Engine(target, drafter, n_ctx=512, tree="tfm", weaver=full_pool_weaver, budget=16, n_threads=1) as tfm, \
             Engine(target, drafter, n_ctx=512, tree="ddtree", budget=16, n_threads=1) as dd:
         for s in seqs[:4]:
             ids = [int(t) for t in s.ids[:s.prompt_len]]
             ref = list(plain.generate_ids(ids, 40, SamplingParams()))
-            for name, e in (("tfm", tfm), ("ddtree", dd)):
+            for name, e in (("tfm", tfm), ("ddtree", dd), ("dartree", tfm)):
+                e.set_draft(name, 16)
                 assert list(e.generate_ids(ids, 40, SamplingParams())) == ref, name
                 taus[name].append(e.stats.tau)
+        tfm.set_draft("tfm", 16)
         sp = SamplingParams(temperature=0.8, seed=7)
         ids = [int(t) for t in seqs[0].ids[:seqs[0].prompt_len]]
         assert list(tfm.generate_ids(ids, 40, sp)) == list(plain.generate_ids(ids, 40, sp))
         tfm.set_draft("ddtree", 16)  # and back: the target stops keeping its hidden states
         assert list(tfm.generate_ids(ids, 20, SamplingParams())) == list(plain.generate_ids(ids, 20, SamplingParams()))
     assert np.mean(taus["tfm"]) > 2.0 and np.mean(taus["tfm"]) > np.mean(taus["ddtree"]) + 1.0, taus
+    assert np.mean(taus["dartree"]) > np.mean(taus["ddtree"]) + 1.0, taus
     with pytest.raises(ValueError, match="needs a Weaver"):
         Engine(target, drafter, n_ctx=512, tree="tfm")
     with Engine(target, drafter, n_ctx=256, tree="ddtree", n_threads=1) as e, pytest.raises(ValueError, match="Weaver"):

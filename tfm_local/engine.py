@@ -16,7 +16,7 @@ from .decode.budget import AutoBudget, PassCosts
 from .decode.draft import DFlashDrafter
 from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
-from .decode.step import TREE_SHAPES, DraftShape, run_step, set_capture
+from .decode.step import TREE_SHAPES, WEAVER_SHAPES, DraftShape, run_step, set_capture
 from .decode.verify import Target
 from .decode.warmup import warm_up
 from .llama.tokenizer import StreamDecoder, encode_chat
@@ -74,9 +74,9 @@ class Engine:
             an int (0 = plain decoding), or None (block size - 1 for the chain, 63 for trees).
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
-        tree: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap) or "tfm"
-            (the w-wide heap scored by the Weaver: needs ``weaver``); for trees ``budget`` counts drafted
-            nodes. tree_top_k: candidates per block position.
+        tree: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
+            (the w-wide heap scored by the Weaver) or "dartree" (DARTree with the Weaver as correction
+            head; both need ``weaver``); for trees ``budget`` counts drafted nodes. tree_top_k: candidates per block position.
         tree_width: heap entries expanded together by "wide".
         greedy_argmax: at temperature 0, "backend" reads each verified row's argmax computed on
             the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
@@ -84,7 +84,7 @@ class Engine:
         draft_vocab: the drafter's draft vocabulary (``drafters.apply_draft_vocab``): "auto" (default;
             the ids shipped with the drafter, unless ``$TFM_DRAFT_VOCAB=0``; on a GPU the full
             vocabulary, ``drafters.draft_vocab_on``), "full" (none), or an ``.npy`` file of target token ids.
-        weaver: a Weaver GGUF for ``tree="tfm"`` (``tfm-train weaver``, ``tfm-convert --weaver``), trained
+        weaver: a Weaver GGUF for ``tree="tfm"`` / ``"dartree"`` (``tfm-train weaver``, ``tfm-convert --weaver``), trained
             for this target; None = none.
         warm_up: run every pass shape the budget can take once at load, and again for new shapes at
             ``set_budget`` (``decode.warmup``: a GPU's first pass of a shape loads its kernels, 10-50 ms
@@ -111,9 +111,9 @@ class Engine:
         check_draft_vocab_mode(draft_vocab)
         _check_budget(budget)
         if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree, wide or tfm")
-        if tree == "tfm" and weaver is None:
-            raise ValueError('tree="tfm" needs a Weaver: Engine(..., weaver="weaver.gguf")')
+            raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
+        if tree in WEAVER_SHAPES and weaver is None:
+            raise ValueError(f'tree="{tree}" needs a Weaver: Engine(..., weaver="weaver.gguf")')
         if int(tree_width) < 1 or int(tree_top_k) < 1:
             raise ValueError(f"tree_width and tree_top_k must be >= 1 (got {tree_width}, {tree_top_k})")
         target_path = resolve_model(target or DEFAULT_TARGET)
@@ -138,7 +138,7 @@ class Engine:
             except Exception:
                 self.close()
                 raise
-        self.target.set_final_hidden(self.tfm is not None and tree == "tfm")
+        self.target.set_final_hidden(self.tfm is not None and tree in WEAVER_SHAPES)
         self.budget = 0
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
@@ -210,9 +210,9 @@ class Engine:
         the previous shape is restored).
         """
         if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose chain, ddtree, wide or tfm")
-        if tree == "tfm" and self.tfm is None:
-            raise ValueError('tree="tfm" needs the engine built with a Weaver (Engine(..., weaver=...))')
+            raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
+        if tree in WEAVER_SHAPES and self.tfm is None:
+            raise ValueError(f'tree="{tree}" needs the engine built with a Weaver (Engine(..., weaver=...))')
         old = self.tree_mode
         self.tree_mode = tree
         try:
@@ -220,7 +220,7 @@ class Engine:
         except ValueError:
             self.tree_mode = old
             raise
-        self.target.set_final_hidden(self.tfm is not None and tree == "tfm")
+        self.target.set_final_hidden(self.tfm is not None and tree in WEAVER_SHAPES)
 
     def _load_weaver(self, path, target_path, on_gpu: bool, n_threads):
         """The ``TfmDrafter`` of a Weaver GGUF for this target and drafter. Raises ValueError when its
@@ -341,7 +341,7 @@ class Engine:
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
         yield last
-        tfm = self.tfm if self.tree_mode == "tfm" else None
+        tfm = self.tfm if self.tree_mode in WEAVER_SHAPES else None
         if tfm is not None:
             tfm.h_target = None  # known after the first verification (its first step drafts DDTree)
         shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width, weaver=tfm)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 from ..cli.common import (add_engine_args, add_sampling_args, check_writable, engine_from_args, fail, run_record,
                           sampling_kwargs, write_json as write_common_json)
 
-SHAPES = ("chain", "ddtree", "wide", "tfm")
+SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
 
 
@@ -105,7 +105,8 @@ class Mode(NamedTuple):
 
 def parse_mode(text: str) -> Mode:
     """One ``--modes`` item: ``plain``, ``chain``, ``auto`` (= ``chain@auto``), ``SHAPE@B`` or
-    ``SHAPE@auto`` with SHAPE in chain, ddtree, wide, tfm (needs ``--weaver``) and B an integer >= 1.
+    ``SHAPE@auto`` with SHAPE in chain, ddtree, wide, tfm, dartree (tfm and dartree need ``--weaver``)
+    and B an integer >= 1.
 
     Raises ValueError with a message for the user.
     """
@@ -121,8 +122,8 @@ def parse_mode(text: str) -> Mode:
         return Mode(text, shape, "auto")
     if shape in SHAPES and at and b.isdigit() and int(b) >= 1:
         return Mode(text, shape, int(b))
-    raise ValueError(f"unknown mode {text!r}; use plain, chain, auto, chain@B, ddtree@B, wide@B, tfm@B "
-                     f"(B an integer >= 1) or ddtree@auto")
+    raise ValueError(f"unknown mode {text!r}; use plain, chain, auto, chain@B, ddtree@B, wide@B, tfm@B, "
+                     f"dartree@B (B an integer >= 1) or ddtree@auto")
 
 
 def parse_modes(text: str) -> list[Mode]:
@@ -151,7 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("-n", "--n-prompts", type=int, default=40, help="first N prompts of each set (default 40)")
     ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
     ap.add_argument("--modes", default=DEFAULT_MODES,
-                    help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, tfm@B (with --weaver), auto "
+                    help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, tfm@B / dartree@B (with "
+                         "--weaver), auto "
                          "(automatic budget with the chain), ddtree@auto (default %(default)s)")
     add_sampling_args(ap)
     ap.add_argument("--samplings", default=None, metavar="LIST",
@@ -295,8 +297,8 @@ def main(argv=None) -> None:
         modes = parse_modes(args.modes)
     except ValueError as e:
         fail(str(e))
-    if any(m.tree == "tfm" for m in modes) and not args.weaver:
-        fail("tfm@B modes need the Weaver: --weaver WEAVER.gguf")
+    if any(m.tree in ("tfm", "dartree") for m in modes) and not args.weaver:
+        fail("tfm@B and dartree@B modes need the Weaver: --weaver WEAVER.gguf")
     if args.max_tokens < 1 or args.n_prompts < 1 or args.warmup_tokens < 0:
         fail("--max-tokens and -n must be >= 1, --warmup-tokens >= 0")
     from ..decode.sampling import SamplingParams

@@ -115,11 +115,12 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--budget", type=budget_arg, default="auto",
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
                          "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
-    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm"],
-                    help="draft shape: the DFlash chain, a DDTree best-first tree, a w-wide heap tree, or a TfM "
-                         "tree scored by a Weaver (--weaver)")
+    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm", "dartree"],
+                    help="draft shape: the DFlash chain, a DDTree best-first tree, a w-wide heap tree, or a TfM or "
+                         "DARTree tree scored by a Weaver (--weaver)")
     ap.add_argument("--weaver", default=None, metavar="WEAVER.gguf",
-                    help="the Weaver of --tree tfm (tfm-train weaver / tfm-convert --weaver), trained for this target")
+                    help="the Weaver of --tree tfm / dartree (tfm-train weaver / tfm-convert --weaver), trained "
+                         "for this target")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")

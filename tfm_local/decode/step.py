@@ -35,8 +35,11 @@ from .tree import BUILDERS, Tree, build_chain, build_wide
 from .verify import Target
 
 #: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
-#: (the w-wide heap scored by the Weaver, ``weaver.TfmDrafter``).
-TREE_SHAPES = ("chain", "ddtree", "wide", "tfm")
+#: (the w-wide heap scored by the Weaver, ``weaver.TfmDrafter``), "dartree" (DARTree with the Weaver as
+#: its correction head).
+TREE_SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree")
+#: The shapes whose trees the Weaver scores (``DraftShape.weaver``).
+WEAVER_SHAPES = ("tfm", "dartree")
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,8 @@ class DraftShape:
 
     tree: one of ``TREE_SHAPES``. top_k: candidates per block position for trees (K of the
     marginals ``[D, K]``). width: heap entries "wide" expands together. weaver: the
-    ``weaver.TfmDrafter`` of "tfm" (its K and width are its own; until the target's final hidden
-    state at the last committed token is known, the first step of a generation, "tfm" drafts DDTree).
+    ``weaver.TfmDrafter`` of "tfm" and "dartree" (its K and width are its own; until the target's final
+    hidden state at the last committed token is known, the first step of a generation, they draft DDTree).
     """
 
     tree: str = "chain"
@@ -146,11 +149,12 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
         tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
         clock.mark("tree")
         return tree, None
-    tfm = shape.weaver if shape.tree == "tfm" else None
+    tfm = shape.weaver if shape.tree in WEAVER_SHAPES else None
     if tfm is not None and tfm.h_target is not None:
         cand, logp, hidden = drafter.top_k_hidden(last, pos, drafter.block_size - 1, tfm.top_k)
         clock.mark("drafter")
-        tree = tfm.tree(last, cand, logp, hidden, k_plan)
+        build = tfm.tree if shape.tree == "tfm" else tfm.dartree
+        tree = build(last, cand, logp, hidden, k_plan)
         curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
         tree = tree.truncate(k) if with_curve else tree
         clock.mark("tree")
@@ -160,7 +164,7 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
     if shape.tree == "wide":
         tree = build_wide(last, cand, logp, k_plan, width=shape.width)
     else:
-        tree = BUILDERS["ddtree" if shape.tree == "tfm" else shape.tree](last, cand, logp, k_plan)
+        tree = BUILDERS["ddtree" if shape.tree in WEAVER_SHAPES else shape.tree](last, cand, logp, k_plan)
     curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
     tree = tree.truncate(k) if with_curve else tree
     clock.mark("tree")

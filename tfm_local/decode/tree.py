@@ -16,6 +16,8 @@ Builders share one interface: ``build(root, cand_tokens, cand_logp, budget) -> T
   re-scores the children of a whole step at once. Without it, scores are the marginals'.
 - TfM (``build_tfm``): the w-wide heap whose scores come from a path scorer (the Weaver,
   ``decode.weaver``): each new node's next-depth candidates scored given its path.
+- DARTree (``build_dartree``): depth by depth, W live branches scored in one path-scorer call each
+  depth, then one deferred global top-B over the materialised supertree.
 
 Inputs: ``cand_tokens`` int ``[D, K]`` and ``cand_logp`` float ``[D, K]``, the
 top-K candidates of block positions 1..D sorted by descending log-prob.
@@ -206,6 +208,93 @@ def build_tfm(root: int, cand_tokens: np.ndarray, budget: int, score: PathScorer
                 new.append(len(nodes))
         if new and len(nodes) < budget:
             push(new, score([ranks[v] for v in new]))
+    return Tree.from_lists(root, nodes)
+
+
+def build_dartree(root: int, cand_tokens: np.ndarray, budget: int, score: PathScorer, width: int = 12,
+                  beta: float = -0.2) -> Tree:
+    """A DARTree tree (arXiv 2608.13524): depth by depth, the candidates of every live branch are scored
+    in one ``score`` call and all of them materialised (path score = parent's + the candidate's
+    log-probability); the ``width`` best become the live branches of the next depth. After the last
+    depth one global top-``budget`` over every materialised node by ``path + beta·depth`` picks the tree.
+
+    With ``beta`` ≤ 0 a child never ranks above its parent, so the selection is prefix-closed and is the
+    set a best-first heap over the same scored supertree selects (the paper's Lemma 1;
+    ``best_first_selection``, ``tests/test_tree_builders.py``). Ties go to the node materialised first.
+
+    Args:
+        cand_tokens: int ``[D, K]``. budget: drafted nodes. score: ``PathScorer``. width: W, live branches
+            per depth (the paper's 12). beta: depth bonus, ≤ 0 (the paper's code: −0.2).
+    Returns:
+        the tree in topological order (by depth, then rank); ``logp`` holds the path scores.
+    Raises:
+        ValueError: beta > 0 (the selection would not be prefix-closed).
+    """
+    if beta > 0:
+        raise ValueError(f"beta must be <= 0 (a positive depth bonus breaks prefix closure), got {beta}")
+    parents, depth, scores, ranks = dartree_supertree(cand_tokens, score, width)
+    keep = np.sort(global_top(scores + beta * depth, budget))
+    if not np.isin(parents[keep], np.append(keep, 0)).all():
+        raise ValueError("the selection is not prefix-closed: the scorer must return log-probabilities (<= 0)")
+    return _select(root, cand_tokens, parents, depth, scores, ranks, keep)
+
+
+def dartree_supertree(cand_tokens: np.ndarray, score: PathScorer, width: int):
+    """DARTree's materialised supertree: ``(parents, depth, scores, ranks)`` over its nodes (node 0 =
+    the root; int / int / float64 / int ``[n]``, ``ranks[v]`` node v's candidate rank at its depth),
+    depth-major: the children of one depth's live branches, branch by branch, rank by rank."""
+    D, K = cand_tokens.shape
+    parents, depth, scores, ranks = [np.array([-1])], [np.array([0])], [np.array([0.0])], [np.array([-1])]
+    live, live_scores, live_paths = np.array([0]), np.array([0.0]), [()]
+    n = 1
+    for d in range(D):
+        if not len(live):
+            break
+        s = (live_scores[:, None] + np.asarray(score(live_paths), dtype=np.float64)[:, :K]).reshape(-1)
+        ks = np.tile(np.arange(K), len(live))
+        parents.append(np.repeat(live, K))
+        depth.append(np.full(len(s), d + 1))
+        scores.append(s)
+        ranks.append(ks)
+        order = np.argsort(-s, kind="stable")[:width]
+        live_paths = [live_paths[o // K] + (int(ks[o]),) for o in order]
+        live, live_scores = n + order, s[order]
+        n += len(s)
+    return np.concatenate(parents), np.concatenate(depth), np.concatenate(scores), np.concatenate(ranks)
+
+
+def global_top(prune: np.ndarray, budget: int) -> np.ndarray:
+    """Indices of the ``budget`` best drafted nodes (node 0 excluded) by ``prune``, ties to the lower index."""
+    cand = np.arange(1, len(prune))
+    order = np.lexsort((cand, -prune[1:]))
+    return cand[order[:budget]]
+
+
+def best_first_selection(parents: np.ndarray, prune: np.ndarray, budget: int) -> np.ndarray:
+    """The nodes a best-first heap over the supertree ``parents`` selects: pop the best frontier node by
+    ``prune`` (ties to the lower index), push its children, ``budget`` times. The reference of Lemma 1."""
+    children: dict[int, list[int]] = {}
+    for v in range(1, len(parents)):
+        children.setdefault(int(parents[v]), []).append(v)
+    heap = [(-float(prune[c]), c) for c in children.get(0, [])]
+    heapq.heapify(heap)
+    out = []
+    while heap and len(out) < budget:
+        _, v = heapq.heappop(heap)
+        out.append(v)
+        for c in children.get(v, []):
+            heapq.heappush(heap, (-float(prune[c]), c))
+    return np.asarray(sorted(out), dtype=np.int64)
+
+
+def _select(root, cand_tokens, parents, depth, scores, ranks, keep) -> Tree:
+    """The tree of the supertree's nodes ``keep`` (sorted; prefix-closed), renumbered in that order."""
+    index = {0: 0}
+    nodes = []
+    for v in keep:
+        v = int(v)
+        index[v] = len(nodes) + 1
+        nodes.append((index[int(parents[v])], int(cand_tokens[depth[v] - 1, ranks[v]]), float(scores[v])))
     return Tree.from_lists(root, nodes)
 
 

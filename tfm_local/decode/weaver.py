@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from ..llama import native
-from .tree import Tree, build_tfm
+from .tree import Tree, build_dartree, build_tfm
 
 
 class Weaver:
@@ -177,3 +177,11 @@ class TfmDrafter:
         states ``[D, drafter_hidden]``."""
         return tfm_tree(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp, budget,
                         self.width, self.children)
+
+    def dartree(self, root: int, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray, budget: int,
+                width: int = 12, beta: float = -0.2) -> Tree:
+        """The DARTree tree of ``budget`` drafted nodes with the Weaver as its correction head
+        (``tree.build_dartree``: ``width`` live branches a depth, one Weaver call a depth, depth bonus
+        ``beta``; the paper's defaults)."""
+        score = WeaverPaths(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp)
+        return build_dartree(root, np.asarray(cand), budget, score, width, beta)
