@@ -130,9 +130,12 @@ def run_weaver(args: argparse.Namespace, target: Path) -> str:
     if is_gguf:
         from tfm_local.train.corpus import target_identity
 
+        from tfm_local.files.drafters import file_key
+
         wf = read_weaver_gguf(args.weaver)
         check_pair(wf, target_sha256=target_identity(target)["sha256"])
-        out = write_weaver_gguf(args.out, wf.config, wf.state_dict(), wf.tensors["codes"], wf.identity, args.outtype)
+        identity = {**wf.identity, "target_key": file_key(target)}
+        out = write_weaver_gguf(args.out, wf.config, wf.state_dict(), wf.tensors["codes"], identity, args.outtype)
         return f"wrote {out}"
     from tfm_local.train.errors import CorruptArtifactError, TrainError
     from tfm_local.train.weaver_fit import weaver_gguf_from_checkpoint

@@ -96,6 +96,12 @@ def write_weaver_gguf(out: str | os.PathLike, config: dict, state: dict, codes: 
             w.add_string(f"{ARCH}.target.key", str(identity.get("target_key", "")))
             w.add_uint32(f"{ARCH}.target.n_vocab", int(codes.shape[0]))
             plan = [(n, a, tensor_type(a.shape, outtype)) for n, a in arrays.items()]
+            fell = [n for n, a, qt in plan if a.ndim > 1 and qt != OUTTYPES[outtype]]
+            if fell:
+                import sys
+
+                print(f"note: {len(fell)} of the Weaver's matrices are not {outtype} (rows not a multiple of its "
+                      f"block), e.g. {fell[0]}", file=sys.stderr)
             for n, a, qt in plan:
                 _add_info(w, n, a.shape, qt)
             w.write_header_to_file()

@@ -223,6 +223,11 @@ def test_weaver_gguf_round_trip_export_and_refusals(pair, tmp_path):
     cut.write_bytes(paths["f32"].read_bytes()[:5000])
     with pytest.raises(ConvertError):
         read_weaver_gguf(cut)
+    with pytest.raises(TrainError, match="already at step"):
+        fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=3, **OPTS), "cpu")
+    with pytest.raises(TrainError, match="vocabulary"):
+        fit_weaver(d / "corpus", target, drafter, tmp_path / "w3",
+                   WeaverOptions(steps=2, **{**OPTS, "shape": {**OPTS["shape"], "top_k": 100000}}), "cpu")
     with pytest.raises(TrainError, match="another shape"):
         fit_weaver(d / "corpus", target, drafter, tmp_path / "w",
                    WeaverOptions(steps=6, **{**OPTS, "shape": {**OPTS["shape"], "rank": 16}}), "cpu")
@@ -255,6 +260,9 @@ def test_tfm_convert_writes_weaver_ggufs_and_refuses_what_does_not_fit(pair, tmp
             main(argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err, argv
     assert not (tmp_path / "c.gguf").exists()
+    from tfm_local.files.drafters import file_key
+
+    assert read_weaver_gguf(tmp_path / "b.gguf").identity["target_key"] == file_key(target)
 
 
 def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):

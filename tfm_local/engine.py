@@ -113,7 +113,8 @@ class Engine:
         if tree not in TREE_SHAPES:
             raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
         if tree in WEAVER_SHAPES and weaver is None:
-            raise ValueError(f'tree="{tree}" needs a Weaver: Engine(..., weaver="weaver.gguf")')
+            raise ValueError(f'tree="{tree}" needs a Weaver: --weaver WEAVER.gguf in the tools, '
+                             f'Engine(..., weaver="weaver.gguf") in Python')
         if int(tree_width) < 1 or int(tree_top_k) < 1:
             raise ValueError(f"tree_width and tree_top_k must be >= 1 (got {tree_width}, {tree_top_k})")
         target_path = resolve_model(target or DEFAULT_TARGET)
@@ -232,8 +233,16 @@ class Engine:
         want = {"target_hidden": self.target.model.n_embd, "drafter_hidden": self.drafter.model.n_embd,
                 "depth": self.drafter.block_size - 1}
         bad = [f"{k} {w.shape[k]} (here {v})" for k, v in want.items() if w.shape[k] != v]
-        if w.identity.get("target_key") and w.identity["target_key"] != file_key(target_path):
+        if w.identity.get("target_key"):
+            other_target = w.identity["target_key"] != file_key(target_path)
+        else:  # a file without the cheap key: the whole target's sha256 (seconds for a GB)
+            from .files.atomic import sha256_file
+
+            other_target = w.identity["target_sha256"] != sha256_file(target_path)
+        if other_target:
             bad.append(f"target {w.identity['target_name'] or '?'} (not {os.path.basename(str(target_path))})")
+        if w.shape["top_k"] > self.target.model.n_vocab:
+            bad.append(f"{w.shape['top_k']} candidates a position (the vocabulary has {self.target.model.n_vocab})")
         if w.identity["n_vocab"] != self.target.model.n_vocab:
             bad.append(f"a vocabulary of {w.identity['n_vocab']} (here {self.target.model.n_vocab})")
         if bad:

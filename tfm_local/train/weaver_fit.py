@@ -196,6 +196,9 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
                 raise TrainError(f"{out / CKPT} was trained with another {key} ({state.get(key)} != {want}); "
                                  f"use another --out or --restart")
         config = WeaverConfig.from_dict(state["config"])
+        if int(state["step"]) >= opts.steps:
+            raise TrainError(f"{out / CKPT} is already at step {state['step']}: give --steps above it to train "
+                             f"on, or --restart")
         differ = {k: (v, state["config"].get(k)) for k, v in opts.shape.items() if state["config"].get(k) != v}
         if differ:
             raise TrainError(f"{out / CKPT} holds a Weaver of another shape ({', '.join(f'{k} {b}, not {a}' for k, (a, b) in differ.items())}); "
@@ -203,6 +206,8 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
     else:
         config = WeaverConfig(target_hidden=tgt.hp.n_embd, drafter_hidden=dc.hidden_size,
                               depth=dc.block_size - 1, **opts.shape)
+    if config.top_k > tgt.head.shape[0]:
+        raise TrainError(f"--top-k {config.top_k} exceeds the target's vocabulary of {tgt.head.shape[0]} tokens")
     torch.manual_seed(opts.seed)
     weaver = Weaver(config).to(dev)
     optim = torch.optim.AdamW(weaver.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
