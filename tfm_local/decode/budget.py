@@ -193,6 +193,13 @@ def _extend(curve: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([curve, np.full(n - len(curve), curve[-1] if len(curve) else 0.0)])
 
 
+def predicted_rate(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: float, b) -> np.ndarray:
+    """Predicted tokens per second of budgets ``b`` (int, scalar or ``[m]`` ≥ 1): ``(1 + r·g(B)) /
+    (c(B+1) + d)`` (docs/design.md §5)."""
+    b = np.asarray(b, dtype=np.int64)
+    return (1.0 + ratio * np.asarray(curve)[b - 1]) / (np.asarray(costs.estimate(b + 1)) + draft_s)
+
+
 def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: float, k_max: int,
                 margin: float = 1.03, speculative_only: bool = False, budgets: np.ndarray | None = None) -> int:
     """The budget in 0..``k_max`` with the highest predicted tokens per second.
@@ -212,7 +219,7 @@ def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: floa
     b = np.arange(1, k_max + 1) if budgets is None else np.asarray(budgets, dtype=np.int64)
     if len(b) == 0:
         return 0
-    rate = (1.0 + ratio * np.asarray(curve)[b - 1]) / (np.asarray(costs.estimate(b + 1)) + draft_s)
+    rate = predicted_rate(costs, draft_s, curve, ratio, b)
     i = int(np.argmax(rate))
     if speculative_only:
         return int(b[i])
@@ -530,9 +537,8 @@ class AutoBudget:
         self._plain_kept = self.recheck - 1 if b == 0 else 0
         last = self._last_b
         if b and self._spec and last and last != b and last in allowed and self.size_keep < 1.0:
-            def rate(x: int) -> float:
-                return (1.0 + self.ratio * float(curve[x - 1])) / (float(self.costs.estimate(x + 1)) + self.draft_s)
-            if rate(last) >= self.size_keep * rate(b) and rate(last) > margin / self.costs.estimate(1):
+            r_last, r_best = predicted_rate(self.costs, self.draft_s, curve, self.ratio, [last, b])
+            if r_last >= self.size_keep * r_best and r_last > margin / self.costs.estimate(1):
                 b = last
         return b
 

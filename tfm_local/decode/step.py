@@ -153,18 +153,14 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
     if tfm is not None and tfm.h_target is not None:
         cand, logp, hidden = drafter.top_k_hidden(last, pos, drafter.block_size - 1, tfm.top_k)
         clock.mark("drafter")
-        build = tfm.tree if shape.tree == "tfm" else tfm.dartree
-        tree = build(last, cand, logp, hidden, k_plan)
-        curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
-        tree = tree.truncate(k) if with_curve else tree
-        clock.mark("tree")
-        return tree, curve
-    cand, logp = drafter.top_k(last, pos, depth, 1 if shape.tree == "chain" else shape.top_k)
-    clock.mark("drafter")
-    if shape.tree == "wide":
-        tree = build_wide(last, cand, logp, k_plan, width=shape.width)
+        tree = (tfm.tree if shape.tree == "tfm" else tfm.dartree)(last, cand, logp, hidden, k_plan)
     else:
-        tree = BUILDERS["ddtree" if shape.tree in WEAVER_SHAPES else shape.tree](last, cand, logp, k_plan)
+        cand, logp = drafter.top_k(last, pos, depth, 1 if shape.tree == "chain" else shape.top_k)
+        clock.mark("drafter")
+        if shape.tree == "wide":
+            tree = build_wide(last, cand, logp, k_plan, width=shape.width)
+        else:
+            tree = BUILDERS["ddtree" if shape.tree in WEAVER_SHAPES else shape.tree](last, cand, logp, k_plan)
     curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
     tree = tree.truncate(k) if with_curve else tree
     clock.mark("tree")

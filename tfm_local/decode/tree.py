@@ -181,34 +181,53 @@ def build_tfm(root: int, cand_tokens: np.ndarray, budget: int, score: PathScorer
         cand_tokens: int ``[D, K]``, the drafter's candidates of block positions 1..D.
         budget: drafted nodes. score: ``PathScorer``.
     Returns:
-        the tree; ``logp`` holds the scorer's cumulative log-probabilities. The same tree as the
-        trainer's reference (``tfm_local.train.weaver_eval.tfm_accepted``) for the same scores.
+        the tree; ``logp`` holds the scorer's cumulative log-probabilities (``TfmHeap``, which the
+        trainer's reference drives for many drafts at once).
     """
-    D, K = cand_tokens.shape
-    if not D or not K or budget < 1:
-        return Tree.root(root)
-    nodes: list[tuple[int, int, float]] = []
-    ranks: list[tuple[int, ...]] = [()]
-    heap: list[tuple[float, int, int, int]] = []  # (-score, parent, parent depth, rank)
+    heap = TfmHeap(root, cand_tokens, budget, width, children)
+    while heap.wants:
+        heap.feed(score(heap.wants))
+    return heap.tree()
 
-    def push(parents: list[int], lps: np.ndarray) -> None:
-        for v, lp in zip(parents, lps):
-            base = 0.0 if v == 0 else nodes[v - 1][2]
-            for k in np.argsort(-lp, kind="stable")[:children]:
-                heapq.heappush(heap, (-(base + float(lp[k])), v, len(ranks[v]), int(k)))
 
-    push([0], score([()]))
-    while heap and len(nodes) < budget:
-        new = []
-        for _ in range(min(width, len(heap), budget - len(nodes))):
-            neg, parent, d, k = heapq.heappop(heap)
-            nodes.append((parent, int(cand_tokens[d, k]), -neg))
-            ranks.append(ranks[parent] + (k,))
-            if d + 1 < D:
-                new.append(len(nodes))
-        if new and len(nodes) < budget:
-            push(new, score([ranks[v] for v in new]))
-    return Tree.from_lists(root, nodes)
+class TfmHeap:
+    """The w-wide heap of one TfM tree, driven from outside: ``wants`` lists the paths (candidate ranks,
+    ``()`` = the root) whose next-depth log-probabilities ``feed`` takes (float ``[len(wants), K]``);
+    empty once the tree is complete (``tree``). Several heaps can be fed from one batched scorer call."""
+
+    def __init__(self, root: int, cand_tokens: np.ndarray, budget: int, width: int, children: int):
+        self.root, self.cand, self.budget, self.width, self.children = root, cand_tokens, budget, width, children
+        D, K = cand_tokens.shape
+        self.nodes: list[tuple[int, int, float]] = []
+        self._ranks: list[tuple[int, ...]] = [()]
+        self._heap: list[tuple[float, int, int, int]] = []  # (-score, parent, parent depth, rank)
+        self._waiting = [0] if D and K and budget >= 1 else []
+
+    @property
+    def wants(self) -> list[tuple[int, ...]]:
+        return [self._ranks[v] for v in self._waiting]
+
+    def feed(self, lps: np.ndarray) -> None:
+        """Push the waiting nodes' ``children`` best candidates, then pop rounds of ``width`` entries
+        until some new node needs scoring or the tree is complete."""
+        for v, lp in zip(self._waiting, lps):
+            base = 0.0 if v == 0 else self.nodes[v - 1][2]
+            for k in np.argsort(-lp, kind="stable")[:self.children]:
+                heapq.heappush(self._heap, (-(base + float(lp[k])), v, len(self._ranks[v]), int(k)))
+        self._waiting = []
+        D = self.cand.shape[0]
+        while self._heap and len(self.nodes) < self.budget and not self._waiting:
+            for _ in range(min(self.width, len(self._heap), self.budget - len(self.nodes))):
+                neg, parent, d, k = heapq.heappop(self._heap)
+                self.nodes.append((parent, int(self.cand[d, k]), -neg))
+                self._ranks.append(self._ranks[parent] + (k,))
+                if d + 1 < D:
+                    self._waiting.append(len(self.nodes))
+            if len(self.nodes) >= self.budget:
+                self._waiting = []
+
+    def tree(self) -> Tree:
+        return Tree.from_lists(self.root, self.nodes)
 
 
 def build_dartree(root: int, cand_tokens: np.ndarray, budget: int, score: PathScorer, width: int = 12,

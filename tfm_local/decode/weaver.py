@@ -6,8 +6,8 @@ One call scores the candidates of the next depth for a batch of paths (a round o
 the backend computes q ``[n_paths, rank]`` from the drafts' prefixes (the target's final hidden state,
 the drafter's block states) and each path's steps (the target's embeddings of the root and the path's
 tokens); the host adds ``codes[c] · q`` to the drafter's logit of each candidate c (K rows of the table).
-The reference model, its training and the tree it drives: ``tfm_local/train/weaver.py``,
-``weaver_fit.py``, ``weaver_eval.py``. Not yet wired into the engine (``tree="tfm"``).
+``TfmDrafter`` is what a "tfm" or "dartree" step holds (``step.DraftShape.weaver``). The reference model,
+its training and the trees it drives: ``tfm_local/train/weaver.py``, ``weaver_fit.py``, ``weaver_eval.py``.
 """
 from __future__ import annotations
 

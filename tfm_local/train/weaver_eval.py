@@ -15,12 +15,10 @@ path spells them (``accepted_length``); τ = 1 + its mean (the bonus token). Tre
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import torch
 
-from ..decode.tree import build_ddtree
+from ..decode.tree import TfmHeap, build_ddtree
 from .batching import IGNORE
 from .weaver import Weaver
 from .weaver_fit import WeaverInputs
@@ -53,45 +51,29 @@ def ddtree_accepted(x: WeaverInputs, budget: int) -> np.ndarray:
 @torch.no_grad()
 def tfm_accepted(weaver: Weaver, target, x: WeaverInputs, budget: int, width: int, children: int = 8) -> np.ndarray:
     """Accepted tokens per draft (int ``[N]``) of a TfM tree of ``budget`` drafted nodes built with
-    ``weaver`` (module doc); all N drafts advance together, one batched Weaver call per round.
+    ``weaver`` (module doc): one ``tree.TfmHeap`` per draft, all N advancing together, one batched
+    Weaver call per round.
 
     Args:
         target: the ``TorchTarget`` (its embeddings of the path tokens). x: the drafts' inputs.
         width: w, frontier entries popped per round. children: candidates a new node offers.
     """
-    N, D, K = x.cand.shape
     codes = x.codes(weaver)
-    cand = x.cand.cpu().numpy()
-    labels = x.labels.cpu().numpy()
-    root = x.root.cpu().numpy()
-    # per draft: nodes as (parent, depth, k, path of candidate ranks); node 0 the root
-    nodes = [[(-1, 0, -1, ())] for _ in range(N)]
-    heaps: list[list] = [[] for _ in range(N)]
-    todo = [(n, 0) for n in range(N)]  # (draft, node) whose children are to be scored
-    while todo:
-        scores = _path_scores(weaver, target, x, codes, cand, root, [(n, nodes[n][v][3]) for n, v in todo])
-        for (n, v), lp in zip(todo, scores):
-            parent_score = 0.0 if v == 0 else -_score_of(nodes[n][v])
-            d = nodes[n][v][1]
-            for k in np.argsort(-lp, kind="stable")[:children]:
-                heapq.heappush(heaps[n], (-(parent_score + float(lp[k])), v, d, int(k)))
-        todo = []
-        for n in range(N):
-            for _ in range(min(width, len(heaps[n]), budget - (len(nodes[n]) - 1))):
-                neg, parent, d, k = heapq.heappop(heaps[n])
-                nodes[n].append((parent, d + 1, k, nodes[n][parent][3] + (k,), neg))
-                if d + 1 < D:
-                    todo.append((n, len(nodes[n]) - 1))
-    out = np.zeros(N, dtype=np.int64)
-    for n in range(N):
-        parents = np.array([nd[0] for nd in nodes[n]])
-        tokens = np.array([-1] + [int(cand[n, nd[1] - 1, nd[2]]) for nd in nodes[n][1:]])
-        out[n] = accepted_length(parents, tokens, labels[n])
+    cand, labels, root = x.cand.cpu().numpy(), x.labels.cpu().numpy(), x.root.cpu().numpy()
+    heaps = [TfmHeap(int(root[n]), cand[n], budget, width, children) for n in range(len(cand))]
+    while True:
+        jobs = [(n, p) for n, h in enumerate(heaps) for p in h.wants]
+        if not jobs:
+            break
+        scores = iter(_path_scores(weaver, target, x, codes, cand, root, jobs))
+        for h in heaps:
+            if h.wants:
+                h.feed([next(scores) for _ in h.wants])
+    out = np.zeros(len(heaps), dtype=np.int64)
+    for n, h in enumerate(heaps):
+        t = h.tree()
+        out[n] = accepted_length(t.parents, t.tokens, labels[n])
     return out
-
-
-def _score_of(node) -> float:
-    return node[4]
 
 
 def _path_scores(weaver, target, x, codes, cand, root, jobs) -> list[np.ndarray]:
@@ -114,20 +96,14 @@ def _path_scores(weaver, target, x, codes, cand, root, jobs) -> list[np.ndarray]
 @torch.no_grad()
 def compare_trees(weaver: Weaver, target, drafter, seqs, opts, budgets=(16, 32, 64), width: int | None = None,
                   children: int = 8) -> dict:
-    """τ (1 + mean accepted tokens) of the chain, DDTree@B and TfM@B over ``seqs`` (anchors of seed 0,
-    as ``weaver_fit.evaluate_weaver``): ``{"drafts", "chain", "chain_weaver", "ddtree@B", "tfm@B"}``;
+    """τ (1 + mean accepted tokens) of the chain, DDTree@B and TfM@B over ``seqs`` (the batches of
+    ``weaver_fit.evaluate_weaver``): ``{"drafts", "chain", "chain_weaver", "ddtree@B", "tfm@B"}``;
     ``width`` None = ⌈B/16⌉ per budget (the paper's)."""
-    from .batching import make_batch, plan_batches
     from .weaver import accepted_prefix, candidate_loss
-    from .weaver_fit import weaver_inputs
+    from .weaver_fit import heldout_batches, weaver_inputs
 
-    dc = drafter.config
-    dev = next(weaver.parameters()).device
-    lens = [min(len(s.ids), opts.max_len) for s in seqs]
     acc: dict[str, list] = {}
-    for i, idx in enumerate(plan_batches(lens, opts.batch_tokens, 0, 0)):
-        batch = make_batch([seqs[j] for j in idx], opts.anchors, dc.block_size, dc.mask_token_id, opts.max_len,
-                           np.random.default_rng([0, i])).to(dev)
+    for batch in heldout_batches(seqs, opts, drafter, next(weaver.parameters()).device):
         x = weaver_inputs(target, drafter, batch, weaver.config.top_k)
         _, _, base = candidate_loss(x.cand_logit, x.cand, x.labels, IGNORE)
         scores = weaver(x.h_target, x.h_drafter, x.step_emb, x.cand_logit, x.codes(weaver))

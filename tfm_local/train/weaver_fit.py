@@ -285,16 +285,20 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
 @torch.no_grad()
 def evaluate_weaver(weaver: Weaver, target, drafter: DFlashDraft, seqs, opts: WeaverOptions) -> dict:
     """Loss, top-1 agreement and the chain's acceptance proxy of the Weaver and of the drafter alone
-    over ``seqs`` (fixed anchors: seed 0)."""
+    over ``seqs`` (``heldout_batches``)."""
     agg = _Totals()
-    dc = drafter.config
-    lens = [min(len(s.ids), opts.max_len) for s in seqs]
-    dev = next(weaver.parameters()).device
-    for i, idx in enumerate(plan_batches(lens, opts.batch_tokens, 0, 0)):
-        batch = make_batch([seqs[j] for j in idx], opts.anchors, dc.block_size, dc.mask_token_id, opts.max_len,
-                           np.random.default_rng([0, i])).to(dev)
+    for batch in heldout_batches(seqs, opts, drafter, next(weaver.parameters()).device):
         agg.add(weaver_step_loss(weaver, weaver_inputs(target, drafter, batch, weaver.config.top_k)))
     return agg.summary()
+
+
+def heldout_batches(seqs, opts: WeaverOptions, drafter: DFlashDraft, device):
+    """The held-out sequences' batches with anchors drawn once (``heldout.eval_batches``, seed 0), on ``device``."""
+    from .heldout import eval_batches
+
+    dc = drafter.config
+    for b in eval_batches(seqs, opts.anchors, dc.block_size, dc.mask_token_id, opts.max_len, opts.batch_tokens, 0):
+        yield b.to(device)
 
 
 class _Totals:
