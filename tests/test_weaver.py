@@ -126,6 +126,23 @@ def test_fit_learns_to_correct_the_drafter_and_resumes(pair):
         fit_weaver(d / "corpus", target, other, d / "w", WeaverOptions(steps=60, **OPTS), "cpu", log=lines.append)
 
 
+def test_a_time_budget_fits_the_schedule_to_the_steps_that_fit(pair, tmp_path):
+    """--time-budget: with a budget far below 400 steps the schedule is re-fitted when the step time is
+    first known (step 40 of the session, ``timebudget.FIRST``) and the fit ends there instead of at 400,
+    logging its last step once, with the checkpoint at that step."""
+    from tfm_local.train.checkpoint import load_checkpoint
+    from tfm_local.train.timebudget import FIRST
+
+    d, target, drafter, _ = pair
+    lines = []
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w",
+                     WeaverOptions(steps=400, time_budget_s=0.01, **OPTS), "cpu", log=lines.append)
+    assert FIRST <= res["steps"] <= FIRST + 2
+    assert load_checkpoint(tmp_path / "w" / "weaver.pt")["step"] == res["steps"]
+    ends = [x for x in lines if x.startswith(f"[weaver] step {res['steps']}/")]
+    assert len(ends) == 1 and ends[0].startswith(f"[weaver] step {res['steps']}/{res['steps']} ")
+
+
 def test_fit_scores_held_out_sequences_and_refuses_a_corpus_of_another_target(pair, tmp_path):
     from tfm_local.testing.synth import write_tiny_target
     from tfm_local.train.smoke import TINY

@@ -7,7 +7,7 @@
 #   usage: sampling.sh STAGE [WAIT_SECONDS]
 #   tests   the CUDA op's standalone check (st_test, when .xfer/cudatest is carried) and the sampling,
 #           argmax and step tests on the GPU
-#   bench   the bars: plain, auto, ddtree@auto and ddtree@16, greedy and T = 0.7 / top-p 0.95, first 40
+#   bench   the bars: plain, auto, ddtree@auto and ddtree@16, greedy and T = 0.7 / top-p 0.95, first N (40)
 #           prompts of each set, 256 tokens (tfm-bench --samplings; ~7 min)
 #   keyab   patch 0014 against upstream's CUDA-graph key (ggml_ops/dev/cuda-graph-single-key-switch.patch
 #           built in as 0099-): plain, auto, ddtree@auto, ddtree@16, greedy, 15 prompts a set, with and
@@ -28,7 +28,7 @@ case $stage in
       (cd .xfer/cudatest && nvcc -std=c++17 -O3 -use_fast_math -arch=sm_90 -DGGML_CUDA_SAMPLE_TOKENS_STANDALONE -I. st_test.cu -o /tmp/st_test && /tmp/st_test)
     fi
     python3 -m pytest -p no:cacheprovider -q -ra tests/test_sample_op.py tests/test_backend_sampling.py tests/test_greedy_argmax.py tests/test_step.py tests/test_sampling.py" ;;
-  bench) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=0.7,top_p=0.95' -n 40 --max-tokens 256 --json $ST/bench-sampling.json" ;;
+  bench) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=0.7,top_p=0.95' -n ${N:-40} --max-tokens 256 --json $ST/bench-sampling.json" ;;
   keyab) cmd="for V in '' 1; do echo == TFM_CUDA_GRAPH_SINGLE_KEY=\$V; env \${V:+TFM_CUDA_GRAPH_SINGLE_KEY=1} $B --modes plain,auto,ddtree@auto,ddtree@16 -n 15 --max-tokens 256 --json $ST/bench-keyab\$V.json | tail -16; done" ;;
   t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
   div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;

@@ -242,7 +242,8 @@ def cmd_weaver(args) -> None:
         fail(f"--trees budgets must be at least 1, got {args.trees!r}")
     opts = WeaverOptions(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, anchors=args.anchors,
                          max_len=args.max_len, seed=args.seed, holdout=args.holdout, save_every=args.save_every,
-                         log_every=args.log_every, shape=shape, trees=trees)
+                         log_every=args.log_every, shape=shape, trees=trees,
+                         time_budget_s=None if args.time_budget is None else 60.0 * args.time_budget)
     target = _target(args.target)
     drafter = args.drafter
     if not Path(drafter).exists():
@@ -435,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=3072)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--holdout", type=int, default=0, help="sequences kept out and scored at the end")
+    p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
+                   help="minutes of training steps: the schedule is fitted to the steps that fit (at most --steps)")
     p.add_argument("--trees", default="16,32,64",
                    help="with --holdout: budgets of the held-out τ of chain, DDTree and TfM trees (default 16,32,64)")
     p.add_argument("--save-every", type=int, default=250)

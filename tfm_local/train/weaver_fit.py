@@ -29,6 +29,7 @@ from .corpus import target_identity
 from .errors import TrainError
 from .model import DFlashDraft, block_mask
 from .recipe import lr_factor
+from .timebudget import TimeBudget
 from .weaver import Weaver, WeaverConfig, accepted_prefix, candidate_loss
 
 CKPT = "weaver.pt"
@@ -49,6 +50,9 @@ class WeaverOptions:
             heads, ffn, rank, top_k).
         trees: budgets at which the held-out drafts' τ of chain, DDTree and TfM trees is measured at
             the end (``weaver_eval.compare_trees``; with ``holdout`` > 0; empty = none).
+        time_budget_s: wall-clock seconds for this session's training steps (held-out scoring and export
+            not counted); the schedule (warmup, cosine decay) is re-fitted to the steps that fit in it
+            (``timebudget.TimeBudget``), never beyond ``steps``. None: ``steps`` steps.
     """
 
     steps: int = 2000
@@ -66,6 +70,7 @@ class WeaverOptions:
     log_every: int = 10
     shape: dict = field(default_factory=dict)
     trees: tuple = (16, 32, 64)
+    time_budget_s: float | None = None
 
 
 @dataclass
@@ -236,14 +241,22 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
 
         bar = tqdm(total=opts.steps, initial=step, desc="weaver", unit="step")
     agg, t0, last = _Totals(), time.time(), {}
+    total = opts.steps
+    budget = (TimeBudget(opts.time_budget_s, t0, step, opts.steps, opts.save_every)
+              if opts.time_budget_s is not None else None)
     epoch = 0
-    while step < opts.steps:
+    while step < total:
         n_before = step
         for batch in batches(epoch):
-            if step >= opts.steps:
+            if budget is not None:
+                total = budget.step_start(step, total)
+                if bar is not None and bar.total != total:
+                    bar.total = total
+                    bar.refresh()
+            if step >= total:
                 break
             for g in optim.param_groups:
-                g["lr"] = opts.lr * lr_factor(step, opts.steps, opts.warmup, opts.min_lr / opts.lr if opts.lr else 0.0)
+                g["lr"] = opts.lr * lr_factor(step, total, opts.warmup, opts.min_lr / opts.lr if opts.lr else 0.0)
             res = weaver_step_loss(weaver, weaver_inputs(tgt, dft, batch, config.top_k))
             optim.zero_grad(set_to_none=True)
             if res["rows"]:
@@ -256,18 +269,25 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
                 bar.update(1)
                 bar.set_postfix(loss=f"{agg.loss():.3f}", accepted=f"{agg.accepted():.2f}",
                                 drafter=f"{agg.accepted(base=True):.2f}")
-            if step % opts.log_every == 0 or step == opts.steps:
+            if step % opts.log_every == 0 or (budget is None and step == total):
                 last = agg.summary()
-                log(f"[weaver] step {step}/{opts.steps} " + " ".join(f"{k} {v:.4g}" for k, v in last.items())
+                log(f"[weaver] step {step}/{total} " + " ".join(f"{k} {v:.4g}" for k, v in last.items())
                     + f" ({time.time() - t0:.0f} s)")
                 agg = _Totals()
             if step % opts.save_every == 0:
+                ts = time.time()
                 save()
+                if budget is not None:
+                    budget.saved(time.time() - ts)
         if step == n_before:
             raise TrainError("the corpus gave no batch (batch_tokens below the shortest sequence?)")
         epoch += 1
     if bar is not None:
         bar.close()
+    if agg.s["drafts"]:  # the steps since the last log line
+        last = agg.summary()
+        log(f"[weaver] step {step}/{total} " + " ".join(f"{k} {v:.4g}" for k, v in last.items())
+            + f" ({time.time() - t0:.0f} s)")
     save()
     result = {"steps": step, "train": last or agg.summary(), "checkpoint": str(out / CKPT),
               "config": config.to_dict(), "params": sum(p.numel() for p in weaver.parameters())}
