@@ -334,6 +334,21 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
     with pytest.raises(ValueError):
         rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([0]), np.array([D + 1]),
              np.zeros((D + 1, x.h_target.shape[1]), np.float32))
+    # a tree's rounds over the kept prefix (``steps``, one owner a draft, drafts interleaved so that the
+    # prefix is recomputed on every change of owner) give what ``q`` gives, path for path
+    from tfm_local.llama import native
+
+    rt = RuntimeWeaver(paths["f32"], "cpu", 1)
+    with pytest.raises(ValueError, match="no prefix"):
+        native.weaver_steps(rt._w, rt.shape["rank"], np.array([0]), np.array([1]), steps[0][:1].numpy())
+    owners = [object() for _ in range(N)]
+    for j in rng.permutation(len(jobs))[:40]:
+        n, s, _ = jobs[j]
+        alone = rt.q(x.h_target[n:n + 1].numpy(), x.h_drafter[n:n + 1].numpy(), np.array([0]), np.array([s]),
+                     steps[j].numpy())
+        kept = rt.steps(owners[n], x.h_target[n].numpy(), x.h_drafter[n].numpy(), np.array([s]), steps[j].numpy())
+        again = rt.steps(owners[n], None, None, np.array([s]), steps[j].numpy())  # the prefix kept: not read
+        assert np.abs(kept - alone).max() < 1e-5 and np.array_equal(kept, again)
 
 
 def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):
@@ -437,3 +452,54 @@ def test_tfm_bench_takes_tfm_modes_and_wants_the_weaver(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--modes", "plain,tfm@16", "-n", "1", "--no-plot"])
     assert e.value.code != 0 and "--weaver" in capsys.readouterr().err
+
+
+def test_the_weaver_is_loaded_where_its_trees_are_built_fastest(pair, tmp_path, monkeypatch):
+    """``fastest_weaver``: each device's tree is timed (the real Weaver's graph on the CPU for both
+    "devices" here, one made slower), the faster kept and the other closed; one device is loaded untimed."""
+    import time as _time
+
+    from tfm_local.decode import weaver as rt
+    from tfm_local.train.weaver_fit import export_weaver
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=2, **OPTS), "cpu",
+                     log=lambda s: None)
+    path = export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"]
+    made = []
+
+    class Timed(rt.Weaver):
+        def __init__(self, p, device, n_threads=None):
+            super().__init__(p, "cpu", n_threads)
+            self.device, self.closed = device, False
+            made.append(self)
+
+        def steps(self, *a):
+            if self.device == "gpu":
+                _time.sleep(0.002)
+            return super().steps(*a)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    monkeypatch.setattr(rt, "Weaver", Timed)
+    w, ms = rt.fastest_weaver(path, ("gpu", "cpu"), 1, budget=8)
+    assert w.device == "cpu" and not w.closed and set(ms) == {"gpu", "cpu"} and ms["gpu"] > ms["cpu"] + 10
+    assert [x.closed for x in made] == [True, False]
+    w1, ms1 = rt.fastest_weaver(path, ("cpu",), 1)
+    assert ms1 == {} and w1.device == "cpu" and len(made) == 3
+    with pytest.raises(ValueError):
+        rt.fastest_weaver(path, ())
+
+
+def test_a_bad_drafter_is_named_by_the_weavers_option(pair, tmp_path):
+    """``tfm-train weaver --drafter`` of a missing or non-drafter file: the error names --drafter (the
+    loader is the fit's --init-from one)."""
+    d, target, _, _ = pair
+    with pytest.raises(FileNotFoundError, match="--drafter"):
+        fit_weaver(d / "corpus", target, tmp_path / "none.gguf", tmp_path / "w", WeaverOptions(steps=1, **OPTS), "cpu")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception, match="--drafter") as e:
+        fit_weaver(d / "corpus", target, tmp_path / "junk.pt", tmp_path / "w", WeaverOptions(steps=1, **OPTS), "cpu")
+    assert "--init-from" not in str(e.value)

@@ -133,6 +133,7 @@ class Engine:
             raise ValueError(f"tree_top_k must be at most the vocabulary size {n_vocab} (got {tree_top_k})")
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.tfm = None  # the Weaver's side of "tfm" steps (decode.weaver.TfmDrafter)
+        self.weaver_ms: dict[str, float] = {}  # ms a TfM tree on each device tried at load (GPU machines)
         if weaver is not None and self.drafter is not None:
             try:
                 self.tfm = self._load_weaver(weaver, target_path, on_gpu, n_threads)
@@ -226,10 +227,11 @@ class Engine:
     def _load_weaver(self, path, target_path, on_gpu: bool, n_threads):
         """The ``TfmDrafter`` of a Weaver GGUF for this target and drafter. Raises ValueError when its
         sizes do not fit them (another target or drafter), ConvertError for an unreadable file."""
-        from .decode.weaver import TargetEmbeddings, TfmDrafter, Weaver
+        from .decode.weaver import TargetEmbeddings, TfmDrafter, fastest_weaver
         from .files.drafters import file_key
 
-        w = Weaver(path, "gpu" if on_gpu else "cpu", n_threads)
+        # on a GPU machine the Weaver's small rounds may run faster on the host: the faster is kept
+        w, self.weaver_ms = fastest_weaver(path, ("gpu", "cpu") if on_gpu else ("cpu",), n_threads)
         want = {"target_hidden": self.target.model.n_embd, "drafter_hidden": self.drafter.model.n_embd,
                 "depth": self.drafter.block_size - 1}
         bad = [f"{k} {w.shape[k]} (here {v})" for k, v in want.items() if w.shape[k] != v]

@@ -30,7 +30,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 12;
+    return 13;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -879,7 +879,9 @@ int32_t tfm_sample_get(llama_context * ctx, int32_t i0, int32_t n, int32_t * ids
 // the file format). tfm_weaver_q computes q for a batch of paths in one graph on the CPU or the first
 // GPU: prefix rows (each draft's target state at RoPE position 0, its drafter states at 1..D) and the
 // steps of every path (position s + 1); a step attends to its own draft's prefix and to the earlier
-// steps of its own path (the mask). The candidates' scores (drafter logit + <codes[c], q>) are the
+// steps of its own path (the mask). The prefix's keys and values of every layer are computed once a
+// tree (tfm_weaver_prefix) and kept on the backend; each round of the tree's heap then computes only its
+// paths' steps (tfm_weaver_steps). The candidates' scores (drafter logit + <codes[c], q>) are the
 // caller's: K rows of the codes table, which stays on the host.
 
 struct tfm_weaver {
@@ -891,8 +893,28 @@ struct tfm_weaver {
     ggml_backend_buffer_t       buf_w   = nullptr;
     ggml_gallocr_t              galloc  = nullptr;
     std::map<std::string, ggml_tensor *> w;
+    // the prefix's keys and values of every layer (tfm_weaver_prefix), kept for the rounds of a tree
+    int32_t                     n_drafts = 0;
+    ggml_context *              ctx_p    = nullptr;
+    ggml_backend_buffer_t       buf_p    = nullptr;
+    std::vector<ggml_tensor *>  kp, vp;
+
+    void free_prefix() {
+        if (buf_p != nullptr) {
+            ggml_backend_buffer_free(buf_p);
+        }
+        if (ctx_p != nullptr) {
+            ggml_free(ctx_p);
+        }
+        buf_p = nullptr;
+        ctx_p = nullptr;
+        kp.clear();
+        vp.clear();
+        n_drafts = 0;
+    }
 
     ~tfm_weaver() {
+        free_prefix();
         if (galloc != nullptr) {
             ggml_gallocr_free(galloc);
         }
@@ -1042,14 +1064,76 @@ int32_t tfm_weaver_shape(const tfm_weaver * W, int32_t * out) {
     return 9;
 }
 
-int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, const float * h_drafter,
-                     int32_t n_paths, const int32_t * path_draft, const int32_t * path_len, const float * step_emb,
-                     float * q_out) {
-    if (W == nullptr || n_drafts < 1 || n_paths < 1 || h_target == nullptr || h_drafter == nullptr ||
-        path_draft == nullptr || path_len == nullptr || step_emb == nullptr || q_out == nullptr) {
+int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_target, const float * h_drafter) {
+    if (W == nullptr || n_drafts < 1 || h_target == nullptr || h_drafter == nullptr) {
         return -1;
     }
-    const int32_t D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H;
+    const int32_t D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H, P = n_drafts * (1 + D);
+    if (n_drafts != W->n_drafts) {  // the kept keys and values: [hd, H, P] and [Wd, P] a layer
+        W->free_prefix();
+        ggml_init_params pp = {(size_t) (2 * W->layers + 1) * ggml_tensor_overhead(), nullptr, true};
+        if ((W->ctx_p = ggml_init(pp)) == nullptr) {
+            return -2;
+        }
+        for (int32_t l = 0; l < W->layers; ++l) {
+            W->kp.push_back(ggml_new_tensor_3d(W->ctx_p, GGML_TYPE_F32, hd, H, P));
+            W->vp.push_back(ggml_new_tensor_2d(W->ctx_p, GGML_TYPE_F32, Wd, P));
+        }
+        if ((W->buf_p = ggml_backend_alloc_ctx_tensors(W->ctx_p, W->backend)) == nullptr) {
+            W->free_prefix();
+            return -2;
+        }
+        W->n_drafts = n_drafts;
+    }
+    const size_t n_nodes = 32 + 16 * (size_t) W->layers;
+    ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return -2;
+    }
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx_guard(ctx, ggml_free);
+    ggml_tensor * ht    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, n_drafts);
+    ggml_tensor * hdr   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->drafter_hidden, (int64_t) n_drafts * D);
+    ggml_tensor * pos_p = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, P);
+    for (ggml_tensor * t : {ht, hdr, pos_p}) {
+        ggml_set_input(t);
+    }
+    // prefix rows: the n_drafts target states, then the drafts' drafter states (draft-major)
+    ggml_tensor * t = ggml_mul_mat(ctx, W->get("target_proj.weight"), weaver_norm(ctx, ht, W->get("target_norm.weight"), W->eps));
+    ggml_tensor * d = ggml_mul_mat(ctx, W->get("drafter_proj.weight"), weaver_norm(ctx, hdr, W->get("drafter_norm.weight"), W->eps));
+    ggml_tensor * prefix = ggml_concat(ctx, t, d, 1);                                   // [W, P]
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
+    for (int32_t l = 0; l < W->layers; ++l) {
+        auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
+        ggml_tensor * p  = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
+        ggml_tensor * kp = ggml_rope_ext(ctx, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p, nullptr,
+                                         hd, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, kp, W->kp[l]));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_mul_mat(ctx, L("v"), p), W->vp[l]));
+    }
+    if (!ggml_gallocr_alloc_graph(W->galloc, gf)) {
+        return -2;
+    }
+    std::vector<int32_t> pp(P);
+    for (int32_t n = 0; n < n_drafts; ++n) {
+        pp[n] = 0;
+        for (int32_t i = 0; i < D; ++i) {
+            pp[n_drafts + n * D + i] = i + 1;
+        }
+    }
+    ggml_backend_tensor_set(ht, h_target, 0, ggml_nbytes(ht));
+    ggml_backend_tensor_set(hdr, h_drafter, 0, ggml_nbytes(hdr));
+    ggml_backend_tensor_set(pos_p, pp.data(), 0, ggml_nbytes(pos_p));
+    return ggml_backend_graph_compute(W->backend, gf) == GGML_STATUS_SUCCESS ? 0 : -3;
+}
+
+int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_draft, const int32_t * path_len,
+                         const float * step_emb, float * q_out) {
+    if (W == nullptr || W->n_drafts < 1 || n_paths < 1 || path_draft == nullptr || path_len == nullptr ||
+        step_emb == nullptr || q_out == nullptr) {
+        return -1;
+    }
+    const int32_t n_drafts = W->n_drafts, D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H;
     int32_t T = 0;
     for (int32_t p = 0; p < n_paths; ++p) {
         if (path_draft[p] < 0 || path_draft[p] >= n_drafts || path_len[p] < 1 || path_len[p] > D) {
@@ -1058,44 +1142,32 @@ int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, c
         T += path_len[p];
     }
     const int32_t P = n_drafts * (1 + D), Tk = P + T;
-    const size_t n_nodes = 64 + 64 * (size_t) W->layers;
-    ggml_init_params params = {
-        /*.mem_size   =*/ n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false),
-        /*.mem_buffer =*/ nullptr,
-        /*.no_alloc   =*/ true,
-    };
+    const size_t n_nodes = 32 + 48 * (size_t) W->layers;
+    ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
     ggml_context * ctx = ggml_init(params);
     if (ctx == nullptr) {
         return -2;
     }
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx_guard(ctx, ggml_free);
-    auto input = [&](ggml_tensor * t) { ggml_set_input(t); return t; };
-    ggml_tensor * ht    = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, n_drafts));
-    ggml_tensor * hdr   = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->drafter_hidden, (int64_t) n_drafts * D));
-    ggml_tensor * se    = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, T));
-    ggml_tensor * pos_p = input(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, P));
-    ggml_tensor * pos_s = input(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T));
-    ggml_tensor * mask  = input(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Tk, T));
-    ggml_tensor * sel   = input(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_paths));
-
-    // prefix rows: the n_drafts target states, then the drafts' drafter states (draft-major)
-    ggml_tensor * t = ggml_mul_mat(ctx, W->get("target_proj.weight"), weaver_norm(ctx, ht, W->get("target_norm.weight"), W->eps));
-    ggml_tensor * d = ggml_mul_mat(ctx, W->get("drafter_proj.weight"), weaver_norm(ctx, hdr, W->get("drafter_norm.weight"), W->eps));
-    ggml_tensor * prefix = ggml_concat(ctx, t, d, 1);                                   // [W, P]
+    ggml_tensor * se    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, T);
+    ggml_tensor * pos_s = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+    ggml_tensor * mask  = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Tk, T);
+    ggml_tensor * sel   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_paths);
+    for (ggml_tensor * t : {se, pos_s, mask, sel}) {
+        ggml_set_input(t);
+    }
     ggml_tensor * x = ggml_mul_mat(ctx, W->get("step_proj.weight"), weaver_norm(ctx, se, W->get("step_norm.weight"), W->eps));
     const float scale = 1.0f / std::sqrt((float) hd);
     for (int32_t l = 0; l < W->layers; ++l) {
         auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
         ggml_tensor * h = weaver_norm(ctx, x, L("attn_norm"), W->eps);
-        ggml_tensor * p = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
-        auto rope = [&](ggml_tensor * a, ggml_tensor * pos) {
-            return ggml_rope_ext(ctx, a, pos, nullptr, hd, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        auto rope = [&](ggml_tensor * a) {
+            return ggml_rope_ext(ctx, a, pos_s, nullptr, hd, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
         };
-        ggml_tensor * q  = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, T), pos_s);
-        ggml_tensor * kp = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p);
-        ggml_tensor * ks = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, T), pos_s);
-        ggml_tensor * k  = ggml_concat(ctx, kp, ks, 2);                                  // [hd, H, Tk]
-        ggml_tensor * v  = ggml_reshape_3d(ctx, ggml_concat(ctx, ggml_mul_mat(ctx, L("v"), p), ggml_mul_mat(ctx, L("v"), h), 1), hd, H, Tk);
+        ggml_tensor * q  = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, T));
+        ggml_tensor * ks = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, T));
+        ggml_tensor * k  = ggml_concat(ctx, W->kp[l], ks, 2);                            // [hd, H, Tk]
+        ggml_tensor * v  = ggml_reshape_3d(ctx, ggml_concat(ctx, W->vp[l], ggml_mul_mat(ctx, L("v"), h), 1), hd, H, Tk);
         ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));  // [Tk, T, H]
         kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);
         ggml_tensor * vt  = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));             // [Tk, hd, H]
@@ -1106,31 +1178,19 @@ int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, c
         ggml_tensor * g = ggml_silu(ctx, ggml_mul_mat(ctx, L("gate"), m));
         x = ggml_add(ctx, x, ggml_mul_mat(ctx, L("down"), ggml_mul(ctx, g, ggml_mul_mat(ctx, L("up"), m))));
     }
-    ggml_tensor * qv = ggml_mul_mat(ctx, W->get("out.weight"), weaver_norm(ctx, x, W->get("norm.weight"), W->eps));
-    ggml_tensor * res = ggml_get_rows(ctx, qv, sel);                                     // [r, n_paths]
-    ggml_set_output(res);
+    ggml_tensor * res = ggml_get_rows(ctx, ggml_mul_mat(ctx, W->get("out.weight"), weaver_norm(ctx, x, W->get("norm.weight"), W->eps)), sel);
+    ggml_set_output(res);                                                                // [r, n_paths]
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
     ggml_build_forward_expand(gf, res);
     if (!ggml_gallocr_alloc_graph(W->galloc, gf)) {
         return -2;
     }
-    // inputs
-    ggml_backend_tensor_set(ht, h_target, 0, ggml_nbytes(ht));
-    ggml_backend_tensor_set(hdr, h_drafter, 0, ggml_nbytes(hdr));
-    ggml_backend_tensor_set(se, step_emb, 0, ggml_nbytes(se));
-    std::vector<int32_t> pp(P), ps(T), sl(n_paths), row_draft(T), row_step(T), row_path(T);
-    for (int32_t n = 0; n < n_drafts; ++n) {
-        pp[n] = 0;
-        for (int32_t i = 0; i < D; ++i) {
-            pp[n_drafts + n * D + i] = i + 1;
-        }
-    }
+    std::vector<int32_t> ps(T), sl(n_paths), row_draft(T), row_step(T);
     for (int32_t p = 0, r = 0; p < n_paths; ++p) {
         for (int32_t s = 0; s < path_len[p]; ++s, ++r) {
             ps[r] = s + 1;
             row_draft[r] = path_draft[p];
             row_step[r] = s;
-            row_path[r] = p;
         }
         sl[p] = r - 1;
     }
@@ -1147,7 +1207,7 @@ int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, c
             row[P + c] = zero;                                      // its path's steps up to itself
         }
     }
-    ggml_backend_tensor_set(pos_p, pp.data(), 0, ggml_nbytes(pos_p));
+    ggml_backend_tensor_set(se, step_emb, 0, ggml_nbytes(se));
     ggml_backend_tensor_set(pos_s, ps.data(), 0, ggml_nbytes(pos_s));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
     ggml_backend_tensor_set(sel, sl.data(), 0, ggml_nbytes(sel));
@@ -1156,4 +1216,20 @@ int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, c
     }
     ggml_backend_tensor_get(res, q_out, 0, ggml_nbytes(res));
     return n_paths;
+}
+
+int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, const float * h_drafter,
+                     int32_t n_paths, const int32_t * path_draft, const int32_t * path_len, const float * step_emb,
+                     float * q_out) {
+    if (W == nullptr || n_paths < 1 || path_draft == nullptr || path_len == nullptr || step_emb == nullptr ||
+        q_out == nullptr) {
+        return -1;
+    }
+    for (int32_t p = 0; p < n_paths; ++p) {  // checked before the kept prefix is replaced
+        if (path_draft[p] < 0 || path_draft[p] >= n_drafts || path_len[p] < 1 || path_len[p] > W->depth) {
+            return -1;
+        }
+    }
+    const int32_t r = tfm_weaver_prefix(W, n_drafts, h_target, h_drafter);
+    return r < 0 ? r : tfm_weaver_steps(W, n_paths, path_draft, path_len, step_emb, q_out);
 }

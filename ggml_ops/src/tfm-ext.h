@@ -130,7 +130,7 @@ LLAMA_API uint64_t tfm_sample_key(uint64_t seed, int64_t pos);
 // the context has no backends). Counted reuses: llama_perf_context(ctx).n_reused.
 LLAMA_API bool tfm_context_keep_graphs(struct llama_context * ctx, bool on);
 
-// The Weaver (Trees from Marginals; API version 12). tfm_weaver_load reads a Weaver GGUF (architecture
+// The Weaver (Trees from Marginals; API versions 12, 13). tfm_weaver_load reads a Weaver GGUF (architecture
 // tfm-weaver, tfm_convert.weaver_gguf) onto the CPU (device 0, n_threads threads) or the first GPU
 // (device 1), every tensor but the codes table; NULL for a missing or malformed file or no such device.
 // tfm_weaver_shape writes its 9 sizes (target_hidden, drafter_hidden, depth, top_k, width, layers,
@@ -140,7 +140,12 @@ LLAMA_API bool tfm_context_keep_graphs(struct llama_context * ctx, bool on);
 // drafter's block states after its final norm), path_draft[p] the draft of path p, path_len[p] its
 // steps (1..depth: the root, then the tokens at depths 1..len-1), step_emb [sum path_len, target_hidden]
 // the target's embeddings of those tokens, paths one after another. Returns n_paths, -1 on bad
-// arguments, -2 when the graph cannot be allocated, -3 when the backend fails.
+// arguments, -2 when the graph cannot be allocated, -3 when the backend fails. It is
+// tfm_weaver_prefix then tfm_weaver_steps (API version 13): tfm_weaver_prefix computes the drafts'
+// prefix keys and values of every layer and keeps them on the backend (0, or -1 / -2 / -3 as above);
+// tfm_weaver_steps computes q for paths over the kept prefix (the arguments of tfm_weaver_q without
+// the prefix; -1 as well when no prefix is kept or a path's draft is beyond it), so that the rounds of
+// one tree's heap compute only their paths' steps.
 struct tfm_weaver;
 LLAMA_API struct tfm_weaver * tfm_weaver_load(const char * path, int32_t device, int32_t n_threads);
 LLAMA_API void tfm_weaver_free(struct tfm_weaver * w);
@@ -148,6 +153,9 @@ LLAMA_API int32_t tfm_weaver_shape(const struct tfm_weaver * w, int32_t * out);
 LLAMA_API int32_t tfm_weaver_q(struct tfm_weaver * w, int32_t n_drafts, const float * h_target, const float * h_drafter,
                                int32_t n_paths, const int32_t * path_draft, const int32_t * path_len,
                                const float * step_emb, float * q_out);
+LLAMA_API int32_t tfm_weaver_prefix(struct tfm_weaver * w, int32_t n_drafts, const float * h_target, const float * h_drafter);
+LLAMA_API int32_t tfm_weaver_steps(struct tfm_weaver * w, int32_t n_paths, const int32_t * path_draft,
+                                   const int32_t * path_len, const float * step_emb, float * q_out);
 
 #ifdef __cplusplus
 }

@@ -123,7 +123,7 @@ def parse_mode(text: str) -> Mode:
     if shape in SHAPES and at and b.isdigit() and int(b) >= 1:
         return Mode(text, shape, int(b))
     raise ValueError(f"unknown mode {text!r}; use plain, chain, auto, chain@B, ddtree@B, wide@B, tfm@B, "
-                     f"dartree@B (B an integer >= 1) or ddtree@auto")
+                     f"dartree@B (B an integer >= 1), or one of those shapes @auto (ddtree@auto)")
 
 
 def parse_modes(text: str) -> list[Mode]:

@@ -3,9 +3,10 @@
 candidates' scores from its codes table on the host.
 
 One call scores the candidates of the next depth for a batch of paths (a round of the w-wide heap):
-the backend computes q ``[n_paths, rank]`` from the drafts' prefixes (the target's final hidden state,
-the drafter's block states) and each path's steps (the target's embeddings of the root and the path's
-tokens); the host adds ``codes[c] · q`` to the drafter's logit of each candidate c (K rows of the table).
+the backend computes q ``[n_paths, rank]`` from the draft's prefix (the target's final hidden state,
+the drafter's block states; its keys and values computed once a tree and kept on the backend) and each
+path's steps (the target's embeddings of the root and the path's tokens); the host adds ``codes[c] · q``
+to the drafter's logit of each candidate c (K rows of the table).
 ``TfmDrafter`` is what a "tfm" or "dartree" step holds (``step.DraftShape.weaver``). The reference model,
 its training and the trees it drives: ``tfm_local/train/weaver.py``, ``weaver_fit.py``, ``weaver_eval.py``.
 """
@@ -26,7 +27,7 @@ class Weaver:
         path: Weaver GGUF. device: ``"cpu"`` or ``"gpu"`` (the first GPU). n_threads: CPU threads
             (default: all cores).
     Attributes:
-        shape: its sizes (``WeaverConfig`` names). codes: float32 ``[n_vocab, rank]`` (host).
+        shape: its sizes (``WeaverConfig`` names). codes: float32 ``[n_vocab, rank]`` (host). device: as given.
         identity: the pair it was trained for (``WeaverFile.identity``).
     Raises:
         tfm_convert.ConvertError: not a readable Weaver GGUF. NativeError: the backend cannot load it.
@@ -38,8 +39,10 @@ class Weaver:
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         self.codes, self.identity = read_weaver_codes(path)
+        self.device = device
         self._w = native.weaver_load(str(path), 0 if device == "cpu" else 1, n_threads or os.cpu_count() or 1)
         self.shape = native.weaver_shape(self._w)
+        self._owner: object | None = None  # whose prefix the backend keeps (``steps``)
 
     def q(self, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray, path_len: np.ndarray,
           step_emb: np.ndarray) -> np.ndarray:
@@ -59,7 +62,29 @@ class Weaver:
                 or se.ndim != 2 or se.shape[1] != s["target_hidden"]):
             raise ValueError(f"Weaver inputs of shapes {ht.shape}, {hd.shape}, {se.shape} do not fit a Weaver of "
                              f"target_hidden {s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
+        self._owner = None
         return native.weaver_q(self._w, s["rank"], ht, hd, path_draft, path_len, se)
+
+    def steps(self, owner: object, h_target: np.ndarray, h_drafter: np.ndarray, path_len: np.ndarray,
+              step_emb: np.ndarray) -> np.ndarray:
+        """q of each path's last step for paths of one draft, float32 ``[n_paths, rank]``: the draft's prefix
+        (h_target ``[target_hidden]``, h_drafter ``[depth, drafter_hidden]``) is computed on the backend
+        once and kept while the same ``owner`` (one tree's scorer) calls again; each call then computes
+        only its paths' steps (``tfm_weaver_prefix`` / ``tfm_weaver_steps``). path_len and step_emb as
+        in ``q``. Raises ValueError for shapes that do not fit."""
+        s = self.shape
+        if self._owner is not owner:
+            ht, hd = np.asarray(h_target, np.float32), np.asarray(h_drafter, np.float32)
+            if ht.shape != (s["target_hidden"],) or hd.shape != (s["depth"], s["drafter_hidden"]):
+                raise ValueError(f"Weaver prefix of shapes {ht.shape}, {hd.shape} does not fit a Weaver of "
+                                 f"target_hidden {s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
+            self._owner = None
+            native.weaver_prefix(self._w, ht[None], hd[None])
+            self._owner = owner
+        se = np.asarray(step_emb)
+        if se.ndim != 2 or se.shape[1] != s["target_hidden"]:
+            raise ValueError(f"step rows of shape {se.shape} do not fit a Weaver of target_hidden {s['target_hidden']}")
+        return native.weaver_steps(self._w, s["rank"], np.zeros(len(path_len), np.int32), path_len, se)
 
     def scores(self, q: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray) -> np.ndarray:
         """Corrected logits ``[n_paths, K]``: ``cand_logit + codes[cand] · q`` (cand int ``[n_paths, K]``)."""
@@ -67,7 +92,7 @@ class Weaver:
 
     def close(self) -> None:
         """Free the backend's copy (idempotent)."""
-        self._w = None
+        self._w = self._owner = None
 
 
 class TargetEmbeddings:
@@ -119,7 +144,7 @@ class TargetEmbeddings:
 
 class WeaverPaths:
     """The ``tree.PathScorer`` of one draft: the Weaver's log-probabilities of the next depth's K
-    candidates for each path, in one backend call per round.
+    candidates for each path, in one backend call per round (the draft's prefix computed at the first).
 
     Args:
         weaver: the loaded Weaver. embed: ``TargetEmbeddings`` of its target. root: the last emitted token.
@@ -130,13 +155,13 @@ class WeaverPaths:
     def __init__(self, weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.ndarray,
                  h_drafter: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray):
         self.w, self.embed, self.root = weaver, embed, int(root)
-        self.ht, self.hd = np.asarray(h_target, np.float32)[None], np.asarray(h_drafter, np.float32)[None]
+        self.ht, self.hd = np.asarray(h_target, np.float32), np.asarray(h_drafter, np.float32)
         self.cand, self.logit = np.asarray(cand), np.asarray(cand_logit, np.float32)
 
     def __call__(self, paths: list[tuple[int, ...]]) -> np.ndarray:
         ids = [t for p in paths for t in [self.root] + [int(self.cand[d, k]) for d, k in enumerate(p)]]
         lens = np.array([len(p) + 1 for p in paths])
-        q = self.w.q(self.ht, self.hd, np.zeros(len(paths), np.int32), lens, self.embed(ids))
+        q = self.w.steps(self, self.ht, self.hd, lens, self.embed(ids))
         depth = lens - 1
         z = self.w.scores(q, self.cand[depth], self.logit[depth]).astype(np.float64)
         m = z.max(1, keepdims=True)
@@ -150,6 +175,48 @@ def tfm_tree(weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.nd
     ``width`` None = ⌈budget/16⌉ (the paper's)."""
     score = WeaverPaths(weaver, embed, root, h_target, h_drafter, cand, cand_logit)
     return build_tfm(root, np.asarray(cand), budget, score, width or -(-budget // 16), children)
+
+
+def fastest_weaver(path: str | os.PathLike, devices: tuple[str, ...], n_threads: int | None = None,
+                   budget: int = 16, repeats: int = 3) -> tuple[Weaver, dict[str, float]]:
+    """The Weaver loaded on whichever of ``devices`` ("cpu", "gpu") builds a TfM tree of ``budget`` nodes
+    fastest, and the median milliseconds a tree on each (random drafts of the Weaver's shape, one warm-up
+    tree, then ``repeats``). A heap round is a small graph whose fixed costs (launches, a synchronisation,
+    copies) can outweigh its arithmetic on a GPU: the first default-pair Weaver took 6-13 ms a tree on an
+    H200 (docs/gpu.md). The others are closed.
+
+    Raises:
+        ValueError: no device given. tfm_convert.ConvertError / NativeError: as ``Weaver``.
+    """
+    import time
+
+    if not devices:
+        raise ValueError("no device to load the Weaver on")
+    if len(devices) == 1:
+        return Weaver(path, devices[0], n_threads), {}
+    times: dict[str, float] = {}
+    loaded: dict[str, Weaver] = {}
+    for dev in devices:
+        w = loaded[dev] = Weaver(path, dev, n_threads)
+        s, rng = w.shape, np.random.default_rng(0)
+        D, K = s["depth"], s["top_k"]
+        n_vocab = w.codes.shape[0]
+        cand = np.stack([rng.choice(n_vocab, K, replace=False) for _ in range(D)])
+        logit = -np.sort(rng.exponential(size=(D, K)), 1)
+        ht = rng.standard_normal(s["target_hidden"]).astype(np.float32)
+        hd = rng.standard_normal((D, s["drafter_hidden"])).astype(np.float32)
+        emb = lambda ids: np.ones((len(ids), s["target_hidden"]), np.float32)  # noqa: E731 (timing only)
+        runs = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            tfm_tree(w, emb, 0, ht, hd, cand, logit, budget)
+            runs.append(time.perf_counter() - t0)
+        times[dev] = 1e3 * float(np.median(runs[1:]))
+    best = min(times, key=times.get)
+    for dev, w in loaded.items():
+        if dev != best:
+            w.close()
+    return loaded[best], times
 
 
 class TfmDrafter:

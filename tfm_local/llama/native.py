@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 12
+API_VERSION = 13
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -42,6 +42,9 @@ void tfm_weaver_free(void * w);
 int32_t tfm_weaver_shape(const void * w, int32_t * out);
 int32_t tfm_weaver_q(void * w, int32_t n_drafts, const float * h_target, const float * h_drafter, int32_t n_paths,
                      const int32_t * path_draft, const int32_t * path_len, const float * step_emb, float * q_out);
+int32_t tfm_weaver_prefix(void * w, int32_t n_drafts, const float * h_target, const float * h_drafter);
+int32_t tfm_weaver_steps(void * w, int32_t n_paths, const int32_t * path_draft, const int32_t * path_len,
+                         const float * step_emb, float * q_out);
 void tfm_test_op_set_fparams(const float * p, int32_t n);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
@@ -454,7 +457,7 @@ def bench_op(op: str, srcs, iparam: int = 0, device: str = "cpu", n_threads: int
     return ms
 
 
-# -- the Weaver (tfm_weaver_*, API version 12) -------------------------------------------------------
+# -- the Weaver (tfm_weaver_*, API versions 12-13) ----------------------------------------------------
 
 def weaver_load(path: str, device: int, n_threads: int):
     """A loaded Weaver GGUF on the CPU (``device`` 0) or the first GPU (1): a cffi handle freed when
@@ -478,11 +481,31 @@ def weaver_shape(w) -> dict:
 
 def weaver_q(w, rank: int, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray,
              path_len: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
-    """q ``[n_paths, rank]`` float32 of each path's last step (tfm-ext.h, ``tfm_weaver_q``); raises
-    ValueError for inputs the library refuses, NativeError when the backend fails."""
+    """q ``[n_paths, rank]`` float32 of each path's last step (tfm-ext.h, ``tfm_weaver_q``: the prefix, kept
+    for ``weaver_steps``, then the steps); raises ValueError for inputs the library refuses, NativeError
+    when the backend fails."""
+    weaver_prefix(w, h_target, h_drafter)
+    return weaver_steps(w, rank, path_draft, path_len, step_emb)
+
+
+def weaver_prefix(w, h_target: np.ndarray, h_drafter: np.ndarray) -> None:
+    """Compute and keep the drafts' prefix keys and values (``tfm_weaver_prefix``): h_target
+    ``[n_drafts, target_hidden]``, h_drafter ``[n_drafts, depth, drafter_hidden]`` float32."""
     ffi, h = lib()
     ht = np.ascontiguousarray(h_target, dtype=np.float32)
     hd = np.ascontiguousarray(h_drafter, dtype=np.float32)
+    r = h.tfm_weaver_prefix(w, ht.shape[0], ffi.cast("float *", ht.ctypes.data), ffi.cast("float *", hd.ctypes.data))
+    if r == -1:
+        raise ValueError("tfm_weaver_prefix refused its inputs")
+    if r < 0:
+        raise NativeError(f"tfm_weaver_prefix failed ({r})")
+
+
+def weaver_steps(w, rank: int, path_draft: np.ndarray, path_len: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
+    """q ``[n_paths, rank]`` float32 of each path's last step over the kept prefix (``tfm_weaver_steps``);
+    raises ValueError for inputs the library refuses (no prefix kept, a draft beyond it, a length out of
+    range), NativeError when the backend fails."""
+    ffi, h = lib()
     pd = np.ascontiguousarray(path_draft, dtype=np.int32)
     pl = np.ascontiguousarray(path_len, dtype=np.int32)
     se = np.ascontiguousarray(step_emb, dtype=np.float32)
@@ -490,10 +513,9 @@ def weaver_q(w, rank: int, h_target: np.ndarray, h_drafter: np.ndarray, path_dra
         raise ValueError(f"{len(pd)} paths, {len(pl)} lengths summing to {int(pl.sum())}, {se.shape[0]} step rows")
     out = np.empty((len(pd), rank), dtype=np.float32)
     f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
-    r = h.tfm_weaver_q(w, ht.shape[0], f(ht, "float *"), f(hd, "float *"), len(pd), f(pd, "int32_t *"),
-                       f(pl, "int32_t *"), f(se, "float *"), f(out, "float *"))
+    r = h.tfm_weaver_steps(w, len(pd), f(pd, "int32_t *"), f(pl, "int32_t *"), f(se, "float *"), f(out, "float *"))
     if r == -1:
-        raise ValueError("tfm_weaver_q refused its inputs (a path's draft or length out of range)")
+        raise ValueError("tfm_weaver_steps refused its inputs (no prefix kept, or a path's draft or length out of range)")
     if r < 0:
-        raise NativeError(f"tfm_weaver_q failed ({r})")
+        raise NativeError(f"tfm_weaver_steps failed ({r})")
     return out

@@ -159,7 +159,15 @@ def load_frozen_drafter(path: str | os.PathLike, target: str | os.PathLike, devi
     frozen, on ``device``; and its identity record."""
     from .warmstart import load_init_source, load_source
 
-    src = load_init_source(path, target)
+    from .errors import CorruptArtifactError
+
+    try:
+        src = load_init_source(path, target)
+    except CorruptArtifactError as e:
+        raise TrainError(f"--drafter {path}: not a readable drafter GGUF, checkpoint or z-lab folder "
+                         f"({str(e).split('; delete it')[0]})") from None
+    except (TrainError, FileNotFoundError) as e:  # its messages name the option of a fit
+        raise type(e)(str(e).replace("--init-from", "--drafter", 1)) from None
     model = DFlashDraft(src.config)
     load_source(model, src)
     model.to(device).eval().requires_grad_(False)
