@@ -377,3 +377,14 @@ def test_warm_up_changes_nothing_but_the_pass_costs(models, budget):
         assert tiny.generate(PROMPTS[0], max_tokens=8) is not None and tiny.state_problems() == []
     finally:
         tiny.close()
+
+
+def test_generate_ids_reports_why_it_stopped(plain, monkeypatch):
+    """An end-of-generation token ends ``generate_ids`` with finish_reason "stop" (tfm-bench's records
+    read it); ``max_tokens`` ends it with "length"."""
+    from tfm_local.decode.sampling import SamplingParams
+
+    ids = plain.prompt_tokens(PROMPTS[0])
+    assert len(list(plain.generate_ids(ids, 5, SamplingParams()))) == 5 and plain.stats.finish_reason == "length"
+    monkeypatch.setattr(plain.tok, "is_eog", lambda t: True)
+    assert len(list(plain.generate_ids(ids, 5, SamplingParams()))) == 1 and plain.stats.finish_reason == "stop"
