@@ -341,14 +341,31 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
     rt = RuntimeWeaver(paths["f32"], "cpu", 1)
     with pytest.raises(ValueError, match="no prefix"):
         native.weaver_steps(rt._w, rt.shape["rank"], np.array([0]), np.array([1]), steps[0][:1].numpy())
-    owners = [object() for _ in range(N)]
-    for j in rng.permutation(len(jobs))[:40]:
+    want_q = rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([n for n, _, _ in jobs]),
+                  np.array([s for _, s, _ in jobs]), torch.cat(steps).numpy())   # all N drafts in one call
+
+    class Owner:  # a tree's scorer (weakly referenced by the Weaver)
+        pass
+
+    owners = [Owner() for _ in range(N)]
+    for j in rng.permutation(len(jobs))[:40]:  # no q in between: each change of owner recomputes the prefix
         n, s, _ = jobs[j]
-        alone = rt.q(x.h_target[n:n + 1].numpy(), x.h_drafter[n:n + 1].numpy(), np.array([0]), np.array([s]),
-                     steps[j].numpy())
         kept = rt.steps(owners[n], x.h_target[n].numpy(), x.h_drafter[n].numpy(), np.array([s]), steps[j].numpy())
         again = rt.steps(owners[n], None, None, np.array([s]), steps[j].numpy())  # the prefix kept: not read
-        assert np.abs(kept - alone).max() < 1e-5 and np.array_equal(kept, again)
+        assert np.abs(kept[0] - want_q[j]).max() < 1e-4 and np.array_equal(kept, again)
+    # q over N drafts, then one draft's rounds, then q over N again on the same handle
+    n, s, _ = jobs[0]
+    assert np.abs(rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([n]), np.array([s]), steps[0].numpy())[0]
+                  - want_q[0]).max() < 1e-4
+    assert np.abs(rt.steps(owners[n], x.h_target[n].numpy(), x.h_drafter[n].numpy(), np.array([s]),
+                           steps[0].numpy())[0] - want_q[0]).max() < 1e-4
+    again_q = rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([n for n, _, _ in jobs]),
+                   np.array([s for _, s, _ in jobs]), torch.cat(steps).numpy())
+    assert np.abs(again_q - want_q).max() < 1e-5
+    with pytest.raises(ValueError):  # a draft beyond the given ones: refused before the kept prefix changes
+        rt.q(x.h_target.numpy()[:1], x.h_drafter.numpy()[:1], np.array([1]), np.array([1]), steps[0][:1].numpy())
+    with pytest.raises(ValueError):
+        native.weaver_prefix(rt._w, x.h_target.numpy()[:1], x.h_drafter.numpy()[:2])
 
 
 def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):
@@ -485,12 +502,24 @@ def test_the_weaver_is_loaded_where_its_trees_are_built_fastest(pair, tmp_path, 
 
     monkeypatch.setattr(rt, "Weaver", Timed)
     w, ms = rt.fastest_weaver(path, ("gpu", "cpu"), 1, budget=8)
-    assert w.device == "cpu" and not w.closed and set(ms) == {"gpu", "cpu"} and ms["gpu"] > ms["cpu"] + 10
+    assert w.device == "cpu" and not w.closed and set(ms) == {"gpu", "cpu"} and ms["gpu"] > ms["cpu"]
     assert [x.closed for x in made] == [True, False]
     w1, ms1 = rt.fastest_weaver(path, ("cpu",), 1)
     assert ms1 == {} and w1.device == "cpu" and len(made) == 3
     with pytest.raises(ValueError):
         rt.fastest_weaver(path, ())
+
+    class NoGpu(Timed):  # a device that cannot load it is skipped; none at all raises its error
+        def __init__(self, p, device, n_threads=None):
+            if device == "gpu":
+                raise RuntimeError("no GPU backend")
+            super().__init__(p, device, n_threads)
+
+    monkeypatch.setattr(rt, "Weaver", NoGpu)
+    w2, ms2 = rt.fastest_weaver(path, ("gpu", "cpu"), 1, budget=8)
+    assert w2.device == "cpu" and set(ms2) == {"cpu"}
+    with pytest.raises(RuntimeError, match="no GPU"):
+        rt.fastest_weaver(path, ("gpu", "gpu"), 1)
 
 
 def test_a_bad_drafter_is_named_by_the_weavers_option(pair, tmp_path):

@@ -231,7 +231,8 @@ class Engine:
         from .files.drafters import file_key
 
         # on a GPU machine the Weaver's small rounds may run faster on the host: the faster is kept; a
-        # round's ops are too small for many threads (a round of 1 path on 2 cores: 0.23 ms on 1, 0.12 on 2)
+        # round's ops are too small for many threads (a round of 1 path on 2 cores: 0.23 ms on 1, 0.12 on 2;
+        # 4 is a guess beyond that, unmeasured)
         threads = min(n_threads or os.cpu_count() or 1, 4)
         w, self.weaver_ms = fastest_weaver(path, ("gpu", "cpu") if on_gpu else ("cpu",), threads)
         want = {"target_hidden": self.target.model.n_embd, "drafter_hidden": self.drafter.model.n_embd,
@@ -304,9 +305,11 @@ class Engine:
         """Token ids generated after ``prompt_ids`` (stops after an end-of-generation token, with
         ``stats.finish_reason`` "stop"; "length" when ``max_tokens`` or the context ended it)."""
         for t in self._token_stream(prompt_ids, max_tokens, sp):
-            yield t
-            if self.tok.is_eog(t):
+            eog = self.tok.is_eog(t)
+            if eog:  # before the yield: a consumer may stop at this token
                 self.stats.finish_reason = "stop"
+            yield t
+            if eog:
                 return
 
     # -- internals -----------------------------------------------------------------------

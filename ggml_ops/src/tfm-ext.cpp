@@ -895,6 +895,7 @@ struct tfm_weaver {
     std::map<std::string, ggml_tensor *> w;
     // the prefix's keys and values of every layer (tfm_weaver_prefix), kept for the rounds of a tree
     int32_t                     n_drafts = 0;
+    bool                        prefix_ok = false;  // the kept keys and values are a complete prefix
     ggml_context *              ctx_p    = nullptr;
     ggml_backend_buffer_t       buf_p    = nullptr;
     std::vector<ggml_tensor *>  kp, vp;
@@ -911,6 +912,7 @@ struct tfm_weaver {
         kp.clear();
         vp.clear();
         n_drafts = 0;
+        prefix_ok = false;
     }
 
     ~tfm_weaver() {
@@ -1069,6 +1071,7 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
         return -1;
     }
     const int32_t D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H, P = n_drafts * (1 + D);
+    W->prefix_ok = false;  // until this prefix is computed
     if (n_drafts != W->n_drafts) {  // the kept keys and values: [hd, H, P] and [Wd, P] a layer
         W->free_prefix();
         ggml_init_params pp = {(size_t) (2 * W->layers + 1) * ggml_tensor_overhead(), nullptr, true};
@@ -1124,12 +1127,16 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
     ggml_backend_tensor_set(ht, h_target, 0, ggml_nbytes(ht));
     ggml_backend_tensor_set(hdr, h_drafter, 0, ggml_nbytes(hdr));
     ggml_backend_tensor_set(pos_p, pp.data(), 0, ggml_nbytes(pos_p));
-    return ggml_backend_graph_compute(W->backend, gf) == GGML_STATUS_SUCCESS ? 0 : -3;
+    if (ggml_backend_graph_compute(W->backend, gf) != GGML_STATUS_SUCCESS) {
+        return -3;
+    }
+    W->prefix_ok = true;
+    return 0;
 }
 
 int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_draft, const int32_t * path_len,
                          const float * step_emb, float * q_out) {
-    if (W == nullptr || W->n_drafts < 1 || n_paths < 1 || path_draft == nullptr || path_len == nullptr ||
+    if (W == nullptr || !W->prefix_ok || n_paths < 1 || path_draft == nullptr || path_len == nullptr ||
         step_emb == nullptr || q_out == nullptr) {
         return -1;
     }

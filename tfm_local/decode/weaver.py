@@ -13,6 +13,7 @@ its training and the trees it drives: ``tfm_local/train/weaver.py``, ``weaver_fi
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class Weaver:
         self.device = device
         self._w = native.weaver_load(str(path), 0 if device == "cpu" else 1, n_threads or os.cpu_count() or 1)
         self.shape = native.weaver_shape(self._w)
-        self._owner: object | None = None  # whose prefix the backend keeps (``steps``)
+        self._owner: weakref.ref | None = None  # whose prefix the backend keeps (``steps``)
 
     def q(self, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray, path_len: np.ndarray,
           step_emb: np.ndarray) -> np.ndarray:
@@ -73,14 +74,14 @@ class Weaver:
         only its paths' steps (``tfm_weaver_prefix`` / ``tfm_weaver_steps``). path_len and step_emb as
         in ``q``. Raises ValueError for shapes that do not fit."""
         s = self.shape
-        if self._owner is not owner:
+        if self._owner is None or self._owner() is not owner:
             ht, hd = np.asarray(h_target, np.float32), np.asarray(h_drafter, np.float32)
             if ht.shape != (s["target_hidden"],) or hd.shape != (s["depth"], s["drafter_hidden"]):
                 raise ValueError(f"Weaver prefix of shapes {ht.shape}, {hd.shape} does not fit a Weaver of "
                                  f"target_hidden {s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
             self._owner = None
             native.weaver_prefix(self._w, ht[None], hd[None])
-            self._owner = owner
+            self._owner = weakref.ref(owner)  # not a strong reference: no cycle through the owner's .w
         se = np.asarray(step_emb)
         if se.ndim != 2 or se.shape[1] != s["target_hidden"]:
             raise ValueError(f"step rows of shape {se.shape} do not fit a Weaver of target_hidden {s['target_hidden']}")
@@ -177,41 +178,58 @@ def tfm_tree(weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.nd
     return build_tfm(root, np.asarray(cand), budget, score, width or -(-budget // 16), children)
 
 
+def _tree_ms(w: Weaver, budget: int, repeats: int) -> float:
+    """Median milliseconds of a TfM tree of ``budget`` nodes over random drafts of ``w``'s shape (one warm-up)."""
+    import time
+
+    s, rng = w.shape, np.random.default_rng(0)
+    D, K = s["depth"], s["top_k"]
+    cand = np.stack([rng.choice(w.codes.shape[0], K, replace=False) for _ in range(D)])
+    logit = -np.sort(rng.exponential(size=(D, K)), 1)
+    ht = rng.standard_normal(s["target_hidden"]).astype(np.float32)
+    hd = rng.standard_normal((D, s["drafter_hidden"])).astype(np.float32)
+    emb = lambda ids: np.ones((len(ids), s["target_hidden"]), np.float32)  # noqa: E731 (timing only)
+    runs = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        tfm_tree(w, emb, 0, ht, hd, cand, logit, budget)
+        runs.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(runs[1:]))
+
+
 def fastest_weaver(path: str | os.PathLike, devices: tuple[str, ...], n_threads: int | None = None,
                    budget: int = 16, repeats: int = 3) -> tuple[Weaver, dict[str, float]]:
     """The Weaver loaded on whichever of ``devices`` ("cpu", "gpu") builds a TfM tree of ``budget`` nodes
     fastest, and the median milliseconds a tree on each (random drafts of the Weaver's shape, one warm-up
     tree, then ``repeats``). A heap round is a small graph whose fixed costs (launches, a synchronisation,
     copies) can outweigh its arithmetic on a GPU: the first default-pair Weaver took 6-13 ms a tree on an
-    H200 (docs/gpu.md). The others are closed.
+    H200 (docs/gpu.md). The others are closed; a device that cannot load it is skipped.
 
     Raises:
-        ValueError: no device given. tfm_convert.ConvertError / NativeError: as ``Weaver``.
+        ValueError: no device given. tfm_convert.ConvertError / NativeError: as ``Weaver``, when no device
+        can load it.
     """
-    import time
-
     if not devices:
         raise ValueError("no device to load the Weaver on")
     if len(devices) == 1:
         return Weaver(path, devices[0], n_threads), {}
     times: dict[str, float] = {}
     loaded: dict[str, Weaver] = {}
-    for dev in devices:
-        w = loaded[dev] = Weaver(path, dev, n_threads)
-        s, rng = w.shape, np.random.default_rng(0)
-        D, K = s["depth"], s["top_k"]
-        n_vocab = w.codes.shape[0]
-        cand = np.stack([rng.choice(n_vocab, K, replace=False) for _ in range(D)])
-        logit = -np.sort(rng.exponential(size=(D, K)), 1)
-        ht = rng.standard_normal(s["target_hidden"]).astype(np.float32)
-        hd = rng.standard_normal((D, s["drafter_hidden"])).astype(np.float32)
-        emb = lambda ids: np.ones((len(ids), s["target_hidden"]), np.float32)  # noqa: E731 (timing only)
-        runs = []
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
-            tfm_tree(w, emb, 0, ht, hd, cand, logit, budget)
-            runs.append(time.perf_counter() - t0)
-        times[dev] = 1e3 * float(np.median(runs[1:]))
+    failed: Exception | None = None
+    try:
+        for dev in devices:
+            try:
+                w = loaded[dev] = Weaver(path, dev, n_threads)
+            except Exception as e:  # e.g. no GPU backend for it: the other devices serve
+                failed = e
+                continue
+            times[dev] = _tree_ms(w, budget, repeats)
+    except BaseException:
+        for w in loaded.values():
+            w.close()
+        raise
+    if not times:
+        raise failed
     best = min(times, key=times.get)
     for dev, w in loaded.items():
         if dev != best:

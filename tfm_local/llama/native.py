@@ -484,6 +484,10 @@ def weaver_q(w, rank: int, h_target: np.ndarray, h_drafter: np.ndarray, path_dra
     """q ``[n_paths, rank]`` float32 of each path's last step (tfm-ext.h, ``tfm_weaver_q``: the prefix, kept
     for ``weaver_steps``, then the steps); raises ValueError for inputs the library refuses, NativeError
     when the backend fails."""
+    pd, pl = np.asarray(path_draft), np.asarray(path_len)
+    n = np.shape(h_target)[0] if np.ndim(h_target) == 2 else 0
+    if len(pd) != len(pl) or len(pd) < 1 or pd.min() < 0 or pd.max() >= n:  # before the kept prefix is replaced
+        raise ValueError(f"tfm_weaver_q: {len(pd)} paths over {n} drafts, {len(pl)} lengths")
     weaver_prefix(w, h_target, h_drafter)
     return weaver_steps(w, rank, path_draft, path_len, step_emb)
 
@@ -494,6 +498,11 @@ def weaver_prefix(w, h_target: np.ndarray, h_drafter: np.ndarray) -> None:
     ffi, h = lib()
     ht = np.ascontiguousarray(h_target, dtype=np.float32)
     hd = np.ascontiguousarray(h_drafter, dtype=np.float32)
+    s = weaver_shape(w)
+    n = ht.shape[0] if ht.ndim == 2 else -1
+    if ht.shape != (n, s["target_hidden"]) or hd.shape != (n, s["depth"], s["drafter_hidden"]):
+        raise ValueError(f"Weaver prefix of shapes {ht.shape}, {hd.shape} does not fit a Weaver of target_hidden "
+                         f"{s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
     r = h.tfm_weaver_prefix(w, ht.shape[0], ffi.cast("float *", ht.ctypes.data), ffi.cast("float *", hd.ctypes.data))
     if r == -1:
         raise ValueError("tfm_weaver_prefix refused its inputs")
@@ -509,8 +518,9 @@ def weaver_steps(w, rank: int, path_draft: np.ndarray, path_len: np.ndarray, ste
     pd = np.ascontiguousarray(path_draft, dtype=np.int32)
     pl = np.ascontiguousarray(path_len, dtype=np.int32)
     se = np.ascontiguousarray(step_emb, dtype=np.float32)
-    if len(pd) != len(pl) or se.shape[0] != int(pl.sum()):
-        raise ValueError(f"{len(pd)} paths, {len(pl)} lengths summing to {int(pl.sum())}, {se.shape[0]} step rows")
+    if (len(pd) != len(pl) or se.ndim != 2 or se.shape[0] != int(pl.sum())
+            or se.shape[1] != weaver_shape(w)["target_hidden"]):
+        raise ValueError(f"{len(pd)} paths, {len(pl)} lengths summing to {int(pl.sum())}, step rows of shape {se.shape}")
     out = np.empty((len(pd), rank), dtype=np.float32)
     f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
     r = h.tfm_weaver_steps(w, len(pd), f(pd, "int32_t *"), f(pl, "int32_t *"), f(se, "float *"), f(out, "float *"))
