@@ -961,6 +961,18 @@ ggml_tensor * weaver_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * wei
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
 }
 
+// NEOX RoPE of a Weaver layer's keys or queries [hd, H, n] at positions pos (the prefix and the steps alike)
+ggml_tensor * weaver_rope(ggml_context * ctx, const tfm_weaver * W, ggml_tensor * a, ggml_tensor * pos) {
+    return ggml_rope_ext(ctx, a, pos, nullptr, W->width / W->heads, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta,
+                         1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+}
+
+// a metadata-only context for one Weaver graph of at most n_nodes nodes (nullptr when out of memory)
+std::unique_ptr<ggml_context, void (*)(ggml_context *)> weaver_graph_ctx(size_t n_nodes) {
+    ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
+    return {ggml_init(params), ggml_free};
+}
+
 } // namespace
 
 tfm_weaver * tfm_weaver_load(const char * path, int32_t device, int32_t n_threads) {
@@ -1089,12 +1101,11 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
         W->n_drafts = n_drafts;
     }
     const size_t n_nodes = 32 + 16 * (size_t) W->layers;
-    ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
-    ggml_context * ctx = ggml_init(params);
+    auto ctx_guard = weaver_graph_ctx(n_nodes);
+    ggml_context * ctx = ctx_guard.get();
     if (ctx == nullptr) {
         return -2;
     }
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx_guard(ctx, ggml_free);
     ggml_tensor * ht    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, n_drafts);
     ggml_tensor * hdr   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->drafter_hidden, (int64_t) n_drafts * D);
     ggml_tensor * pos_p = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, P);
@@ -1109,8 +1120,7 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
     for (int32_t l = 0; l < W->layers; ++l) {
         auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
         ggml_tensor * p  = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
-        ggml_tensor * kp = ggml_rope_ext(ctx, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p, nullptr,
-                                         hd, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        ggml_tensor * kp = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, kp, W->kp[l]));
         ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_mul_mat(ctx, L("v"), p), W->vp[l]));
     }
@@ -1150,12 +1160,11 @@ int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_d
     }
     const int32_t P = n_drafts * (1 + D), Tk = P + T;
     const size_t n_nodes = 32 + 48 * (size_t) W->layers;
-    ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
-    ggml_context * ctx = ggml_init(params);
+    auto ctx_guard = weaver_graph_ctx(n_nodes);
+    ggml_context * ctx = ctx_guard.get();
     if (ctx == nullptr) {
         return -2;
     }
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx_guard(ctx, ggml_free);
     ggml_tensor * se    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, T);
     ggml_tensor * pos_s = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
     ggml_tensor * mask  = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Tk, T);
@@ -1168,11 +1177,8 @@ int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_d
     for (int32_t l = 0; l < W->layers; ++l) {
         auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
         ggml_tensor * h = weaver_norm(ctx, x, L("attn_norm"), W->eps);
-        auto rope = [&](ggml_tensor * a) {
-            return ggml_rope_ext(ctx, a, pos_s, nullptr, hd, GGML_ROPE_TYPE_NEOX, 0, W->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
-        };
-        ggml_tensor * q  = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, T));
-        ggml_tensor * ks = rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, T));
+        ggml_tensor * q  = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, T), pos_s);
+        ggml_tensor * ks = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, T), pos_s);
         ggml_tensor * k  = ggml_concat(ctx, W->kp[l], ks, 2);                            // [hd, H, Tk]
         ggml_tensor * v  = ggml_reshape_3d(ctx, ggml_concat(ctx, W->vp[l], ggml_mul_mat(ctx, L("v"), h), 1), hd, H, Tk);
         ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));  // [Tk, T, H]
