@@ -340,7 +340,7 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
 
     rt = RuntimeWeaver(paths["f32"], "cpu", 1)
     with pytest.raises(ValueError, match="no prefix"):
-        native.weaver_steps(rt._w, rt.shape["rank"], np.array([0]), np.array([1]), steps[0][:1].numpy())
+        native.weaver_steps(rt._w, rt.shape, np.array([0]), np.array([1]), steps[0][:1].numpy())
     want_q = rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([n for n, _, _ in jobs]),
                   np.array([s for _, s, _ in jobs]), torch.cat(steps).numpy())   # all N drafts in one call
 
@@ -365,7 +365,7 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
     with pytest.raises(ValueError):  # a draft beyond the given ones: refused before the kept prefix changes
         rt.q(x.h_target.numpy()[:1], x.h_drafter.numpy()[:1], np.array([1]), np.array([1]), steps[0][:1].numpy())
     with pytest.raises(ValueError):
-        native.weaver_prefix(rt._w, x.h_target.numpy()[:1], x.h_drafter.numpy()[:2])
+        native.weaver_prefix(rt._w, rt.shape, x.h_target.numpy()[:1], x.h_drafter.numpy()[:2])
 
 
 def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):

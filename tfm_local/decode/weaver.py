@@ -56,15 +56,8 @@ class Weaver:
         Raises:
             ValueError: shapes that do not fit the Weaver or each other.
         """
-        s = self.shape
-        ht, hd, se = np.asarray(h_target), np.asarray(h_drafter), np.asarray(step_emb)
-        n = ht.shape[0] if ht.ndim == 2 else -1
-        if (ht.shape != (n, s["target_hidden"]) or hd.shape != (n, s["depth"], s["drafter_hidden"])
-                or se.ndim != 2 or se.shape[1] != s["target_hidden"]):
-            raise ValueError(f"Weaver inputs of shapes {ht.shape}, {hd.shape}, {se.shape} do not fit a Weaver of "
-                             f"target_hidden {s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
         self._owner = None
-        return native.weaver_q(self._w, s["rank"], ht, hd, path_draft, path_len, se)
+        return native.weaver_q(self._w, self.shape, h_target, h_drafter, path_draft, path_len, step_emb)
 
     def steps(self, owner: object, h_target: np.ndarray, h_drafter: np.ndarray, path_len: np.ndarray,
               step_emb: np.ndarray) -> np.ndarray:
@@ -73,19 +66,11 @@ class Weaver:
         once and kept while the same ``owner`` (one tree's scorer) calls again; each call then computes
         only its paths' steps (``tfm_weaver_prefix`` / ``tfm_weaver_steps``). path_len and step_emb as
         in ``q``. Raises ValueError for shapes that do not fit."""
-        s = self.shape
         if self._owner is None or self._owner() is not owner:
-            ht, hd = np.asarray(h_target, np.float32), np.asarray(h_drafter, np.float32)
-            if ht.shape != (s["target_hidden"],) or hd.shape != (s["depth"], s["drafter_hidden"]):
-                raise ValueError(f"Weaver prefix of shapes {ht.shape}, {hd.shape} does not fit a Weaver of "
-                                 f"target_hidden {s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
             self._owner = None
-            native.weaver_prefix(self._w, ht[None], hd[None])
+            native.weaver_prefix(self._w, self.shape, np.asarray(h_target)[None], np.asarray(h_drafter)[None])
             self._owner = weakref.ref(owner)  # not a strong reference: no cycle through the owner's .w
-        se = np.asarray(step_emb)
-        if se.ndim != 2 or se.shape[1] != s["target_hidden"]:
-            raise ValueError(f"step rows of shape {se.shape} do not fit a Weaver of target_hidden {s['target_hidden']}")
-        return native.weaver_steps(self._w, s["rank"], np.zeros(len(path_len), np.int32), path_len, se)
+        return native.weaver_steps(self._w, self.shape, np.zeros(len(path_len), np.int32), path_len, step_emb)
 
     def scores(self, q: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray) -> np.ndarray:
         """Corrected logits ``[n_paths, K]``: ``cand_logit + codes[cand] · q`` (cand int ``[n_paths, K]``)."""

@@ -479,30 +479,50 @@ def weaver_shape(w) -> dict:
     return dict(zip(names, (int(v) for v in out)))
 
 
-def weaver_q(w, rank: int, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray,
+def weaver_q(w, shape: dict, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray,
              path_len: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
     """q ``[n_paths, rank]`` float32 of each path's last step (tfm-ext.h, ``tfm_weaver_q``: the prefix, kept
-    for ``weaver_steps``, then the steps); raises ValueError for inputs the library refuses, NativeError
-    when the backend fails."""
-    pd, pl = np.asarray(path_draft), np.asarray(path_len)
-    n = np.shape(h_target)[0] if np.ndim(h_target) == 2 else 0
-    if len(pd) != len(pl) or len(pd) < 1 or pd.min() < 0 or pd.max() >= n:  # before the kept prefix is replaced
-        raise ValueError(f"tfm_weaver_q: {len(pd)} paths over {n} drafts, {len(pl)} lengths")
-    weaver_prefix(w, h_target, h_drafter)
-    return weaver_steps(w, rank, path_draft, path_len, step_emb)
+    for ``weaver_steps``, then the steps); ``shape`` the Weaver's (``weaver_shape``). Raises ValueError for
+    inputs that do not fit (checked before the kept prefix is replaced) or that the library refuses,
+    NativeError when the backend fails."""
+    ht, hd = _prefix_inputs(shape, h_target, h_drafter)
+    _steps_inputs(shape, path_draft, path_len, step_emb, ht.shape[0])
+    weaver_prefix(w, shape, ht, hd)
+    return weaver_steps(w, shape, path_draft, path_len, step_emb)
 
 
-def weaver_prefix(w, h_target: np.ndarray, h_drafter: np.ndarray) -> None:
-    """Compute and keep the drafts' prefix keys and values (``tfm_weaver_prefix``): h_target
-    ``[n_drafts, target_hidden]``, h_drafter ``[n_drafts, depth, drafter_hidden]`` float32."""
-    ffi, h = lib()
+def _prefix_inputs(shape: dict, h_target, h_drafter) -> tuple[np.ndarray, np.ndarray]:
+    """h_target ``[n_drafts, target_hidden]`` and h_drafter ``[n_drafts, depth, drafter_hidden]`` as
+    contiguous float32; ValueError when they do not fit the Weaver ``shape`` or each other."""
     ht = np.ascontiguousarray(h_target, dtype=np.float32)
     hd = np.ascontiguousarray(h_drafter, dtype=np.float32)
-    s = weaver_shape(w)
     n = ht.shape[0] if ht.ndim == 2 else -1
-    if ht.shape != (n, s["target_hidden"]) or hd.shape != (n, s["depth"], s["drafter_hidden"]):
+    if ht.shape != (n, shape["target_hidden"]) or hd.shape != (n, shape["depth"], shape["drafter_hidden"]):
         raise ValueError(f"Weaver prefix of shapes {ht.shape}, {hd.shape} does not fit a Weaver of target_hidden "
-                         f"{s['target_hidden']}, depth {s['depth']}, drafter_hidden {s['drafter_hidden']}")
+                         f"{shape['target_hidden']}, depth {shape['depth']}, drafter_hidden {shape['drafter_hidden']}")
+    return ht, hd
+
+
+def _steps_inputs(shape: dict, path_draft, path_len, step_emb, n_drafts: int | None = None):
+    """path_draft, path_len (int32 ``[n_paths]``) and step_emb (float32 ``[sum(path_len), target_hidden]``),
+    contiguous; ValueError when they do not fit each other, the Weaver ``shape`` or ``n_drafts`` drafts."""
+    pd = np.ascontiguousarray(path_draft, dtype=np.int32)
+    pl = np.ascontiguousarray(path_len, dtype=np.int32)
+    se = np.ascontiguousarray(step_emb, dtype=np.float32)
+    if (len(pd) != len(pl) or len(pd) < 1 or se.ndim != 2 or se.shape[0] != int(pl.sum())
+            or se.shape[1] != shape["target_hidden"]):
+        raise ValueError(f"{len(pd)} paths, {len(pl)} lengths summing to {int(pl.sum())}, step rows of shape {se.shape}")
+    if n_drafts is not None and (pd.min() < 0 or pd.max() >= n_drafts):
+        raise ValueError(f"paths of drafts {pd.min()}..{pd.max()}, {n_drafts} drafts given")
+    return pd, pl, se
+
+
+def weaver_prefix(w, shape: dict, h_target: np.ndarray, h_drafter: np.ndarray) -> None:
+    """Compute and keep the drafts' prefix keys and values (``tfm_weaver_prefix``): h_target
+    ``[n_drafts, target_hidden]``, h_drafter ``[n_drafts, depth, drafter_hidden]`` float32; ``shape`` the
+    Weaver's. ValueError for inputs that do not fit, NativeError when the backend fails."""
+    ffi, h = lib()
+    ht, hd = _prefix_inputs(shape, h_target, h_drafter)
     r = h.tfm_weaver_prefix(w, ht.shape[0], ffi.cast("float *", ht.ctypes.data), ffi.cast("float *", hd.ctypes.data))
     if r == -1:
         raise ValueError("tfm_weaver_prefix refused its inputs")
@@ -510,18 +530,13 @@ def weaver_prefix(w, h_target: np.ndarray, h_drafter: np.ndarray) -> None:
         raise NativeError(f"tfm_weaver_prefix failed ({r})")
 
 
-def weaver_steps(w, rank: int, path_draft: np.ndarray, path_len: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
+def weaver_steps(w, shape: dict, path_draft: np.ndarray, path_len: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
     """q ``[n_paths, rank]`` float32 of each path's last step over the kept prefix (``tfm_weaver_steps``);
-    raises ValueError for inputs the library refuses (no prefix kept, a draft beyond it, a length out of
-    range), NativeError when the backend fails."""
+    ``shape`` the Weaver's. Raises ValueError for inputs that do not fit or that the library refuses (no
+    prefix kept, a draft beyond it, a length out of range), NativeError when the backend fails."""
     ffi, h = lib()
-    pd = np.ascontiguousarray(path_draft, dtype=np.int32)
-    pl = np.ascontiguousarray(path_len, dtype=np.int32)
-    se = np.ascontiguousarray(step_emb, dtype=np.float32)
-    if (len(pd) != len(pl) or se.ndim != 2 or se.shape[0] != int(pl.sum())
-            or se.shape[1] != weaver_shape(w)["target_hidden"]):
-        raise ValueError(f"{len(pd)} paths, {len(pl)} lengths summing to {int(pl.sum())}, step rows of shape {se.shape}")
-    out = np.empty((len(pd), rank), dtype=np.float32)
+    pd, pl, se = _steps_inputs(shape, path_draft, path_len, step_emb)
+    out = np.empty((len(pd), shape["rank"]), dtype=np.float32)
     f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
     r = h.tfm_weaver_steps(w, len(pd), f(pd, "int32_t *"), f(pl, "int32_t *"), f(se, "float *"), f(out, "float *"))
     if r == -1:

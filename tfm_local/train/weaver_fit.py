@@ -26,7 +26,7 @@ import torch
 from .batching import IGNORE, Batch, make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
 from .corpus import target_identity
-from .errors import TrainError
+from .errors import CorruptArtifactError, TrainError
 from .model import DFlashDraft, block_mask
 from .recipe import lr_factor
 from .timebudget import TimeBudget
@@ -159,8 +159,6 @@ def load_frozen_drafter(path: str | os.PathLike, target: str | os.PathLike, devi
     frozen, on ``device``; and its identity record."""
     from .warmstart import load_init_source, load_source
 
-    from .errors import CorruptArtifactError
-
     try:
         src = load_init_source(path, target)
     except CorruptArtifactError as e:
@@ -250,6 +248,14 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
         bar = tqdm(total=opts.steps, initial=step, desc="weaver", unit="step")
     agg, t0, last = _Totals(), time.time(), {}
     total = opts.steps
+
+    def log_totals() -> dict:
+        """Log the steps since the last line (``agg``) and return their summary."""
+        summary = agg.summary()
+        log(f"[weaver] step {step}/{total} " + " ".join(f"{k} {v:.4g}" for k, v in summary.items())
+            + f" ({time.time() - t0:.0f} s)")
+        return summary
+
     budget = (TimeBudget(opts.time_budget_s, t0, step, opts.steps, opts.save_every)
               if opts.time_budget_s is not None else None)
     epoch = 0
@@ -278,9 +284,7 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
                 bar.set_postfix(loss=f"{agg.loss():.3f}", accepted=f"{agg.accepted():.2f}",
                                 drafter=f"{agg.accepted(base=True):.2f}")
             if step % opts.log_every == 0 or (budget is None and step == total):
-                last = agg.summary()
-                log(f"[weaver] step {step}/{total} " + " ".join(f"{k} {v:.4g}" for k, v in last.items())
-                    + f" ({time.time() - t0:.0f} s)")
+                last = log_totals()
                 agg = _Totals()
             if step % opts.save_every == 0:
                 ts = time.time()
@@ -293,9 +297,7 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
     if bar is not None:
         bar.close()
     if agg.s["drafts"]:  # the steps since the last log line
-        last = agg.summary()
-        log(f"[weaver] step {step}/{total} " + " ".join(f"{k} {v:.4g}" for k, v in last.items())
-            + f" ({time.time() - t0:.0f} s)")
+        last = log_totals()
     save()
     result = {"steps": step, "train": last or agg.summary(), "checkpoint": str(out / CKPT),
               "config": config.to_dict(), "params": sum(p.numel() for p in weaver.parameters())}
