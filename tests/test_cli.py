@@ -195,10 +195,10 @@ def test_bench_modes_table(bench_run):
     main, phases = r.stdout.split("\n\n")
     lines = main.splitlines()
     assert lines[0].split() == ["set", "mode", "budget", "prompts", "tokens", "tau", "tok/s", "speedup",
-                                "x", "greedy", "mismatches", "(not", "ties)"]
+                                "e2e", "x", "greedy", "mismatches", "(not", "ties)"]
     rows = {ln.split()[1]: ln.split() for ln in lines[1:]}
     assert set(rows) == {"plain", "chain", "ddtree@4", "auto"}
-    assert rows["plain"][-3:] == ["1.00x", "1.00x", "-"]
+    assert rows["plain"][-4:] == ["1.00x", "1.00x", "1.00x", "-"]
     assert rows["ddtree@4"][2] == "4" and rows["auto"][2] == "auto"
     assert all(rows[m][-2:] == ["0", "(0)"] for m in ("chain", "ddtree@4", "auto"))
     plines = phases.splitlines()

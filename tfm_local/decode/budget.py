@@ -69,9 +69,12 @@ cost: the time a probe cycle (its warm-up steps, the capture switches and the
 probe itself) takes beyond plain steps emitting the same tokens (``probe_cost``,
 from the step records' phases) sets a floor on the plain steps between two
 probes, ``probe_cost / (overhead · c(1))``, so that probing costs at most
-``overhead`` (0.5%) of plain decoding while speculation keeps losing; the gap
-still stops growing at ``probe_cap`` steps, so the drafter is re-probed
-eventually. The first cycle of a process is a warm-up (the drafter's first
+``overhead`` (0.5%) of plain decoding while speculation keeps losing; what the
+speculation that probes started saved is subtracted from that cost (``probe_gain``), so
+where probing pays the probes follow the doubling schedule; the gap still stops growing
+at ``probe_cap`` steps, so the drafter is re-probed eventually. On a GPU a probe due
+within a generation comes at its first step, with the prompt's features captured in
+the prefill instead of a warm-up (``probe_at_start``). The first cycle of a process is a warm-up (the drafter's first
 pass, CUDA graphs of new shapes: 27.7 ms on the H200 against ~5 ms from its
 parts) and does not space the probes; the second cycle's cost replaces it.
 """
@@ -298,6 +301,19 @@ class AutoBudget:
             prompts, one prompt 17 of them and 1.1 s lost).
         skip_futile: skip the probes that cannot lead to speculation (``futile``); False probes on the
             schedule alone.
+        curve_probe: the least weight of a probe's gain curve in the running curve (the weight of other
+            steps' curves is ``alpha``). A probe after a plain stretch of hundreds of steps is the only
+            sample of the text now; at 0.2 one probe on an easy prompt after probes on hard ones left the
+            curve where speculation did not pay (simulated, H200 costs, the prompts of
+            ``futile_after``'s note: 0.98-1.00x plain time against 0.92-0.99x at 1.0). ``on_gpu``: 1.0 (a
+            GPU probe is 15 deep once its size is explored, so its curve is a whole one); on the CPU,
+            where probes are 1-3 deep and their curves extrapolated, 0.2.
+        futile_after: probe cycles made before ``futile`` may skip a probe: the best curve of one or two
+            probes says little about the prompts to come (simulated, H200 costs, a drafter right 85% of a
+            position on a third of the prompts and 45% on the rest: a first probe on a hard prompt made
+            every probe futile up to ``probe_cap``, 4,096 steps, and 3 of 19 easy answers speculated; after 4
+            cycles one seed of 8 still never speculated, after 8 none: 0.93x plain time on average, and
+            1.005x where the drafter never pays).
         keep: speculation under way goes on while it is predicted to run at this factor of plain
             decoding or better (a hysteresis: one threshold for starting and stopping made the ratio's
             noise stop it as often as it started). At 0.97 a run of bets predicted to lose up to 3% went
@@ -317,6 +333,20 @@ class AutoBudget:
             minus one. ``on_gpu``: ``GPU_SIZES``.
         size_keep: speculation under way keeps its budget while it is predicted at this factor of the best
             budget's rate or better (1.0: always the best), so that the pass keeps its shape.
+        probe_gain: seconds that speculation saved between two probes (against plain steps emitting the
+            same tokens; negative when it lost), running mean over probe cycles (weight ``alpha_probe``)
+            from 0. The probe spacing's floor is the cycle's cost net of it (``_spacing``): probes that
+            start speculation worth more than they cost come on the doubling schedule, so a set where
+            the drafter pays on some prompts and not on others gets re-probed every few prompts. With
+            the floor from the cost alone (0.5% of plain time) a probe cycle of ~20 ms spaced the probes
+            ~2,000 steps apart on the H200, eight 256-token answers: `auto` speculated on 2 of 15
+            HumanEval prompts where DDTree@16 ran at 1.22x plain (2026-12-04).
+        probe_at_start: a probe that comes due within a generation is made at its first step, with the
+            prompt's features (``plan`` captures the prompt, ``begin`` makes the probe due): on a GPU a
+            captured prefill costs a few ms and saves the probe's warm-up (32 capturing steps and a
+            capture switch, ~13 ms on the H200) and a warm-up that an end-of-generation token cut short
+            before its probe (30 of 180 budget generations on MT-Bench, 2026-12-04: ~3% of those
+            answers). Off on the CPU, where the prompt's injection costs a drafter pass over it.
         steady_costs: a pass's cost is recorded only from the third pass in a row of its size (on a GPU
             the first pass of a shape after another runs kernel by kernel and the second captures its
             CUDA graph; ggml-cuda replays from the third). The sizes' warm costs come from the warm-up at
@@ -334,12 +364,16 @@ class AutoBudget:
     alpha_accept: float = 0.03
     margin: float = 1.08
     skip_futile: bool = True
+    futile_after: int = 8
+    curve_probe: float = 0.2
     keep: float = 1.0
     prior_steps: float = 4.0
     alpha_probe: float | None = 0.3
     sizes: tuple[int, ...] | None = None
     size_keep: float = 1.0
     steady_costs: bool = False
+    probe_at_start: bool = False
+    probe_gain: float = 0.0
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -357,6 +391,7 @@ class AutoBudget:
     _spec: bool = False     # the last choice was a speculative budget (not a probe)
     _warming: bool = False  # capturing ahead of a speculative step that found the drafter behind
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
+    _earned: float = 0.0    # seconds speculative steps saved since the last probe (``probe_gain``)
     _n_spec: int = 0        # speculative steps observed (the first one's drafting time is a warm-up)
     _n_cycles: int = 0      # probe cycles closed (the first one's cost is a warm-up)
     _gated: bool = False    # the probe due has been checked for futility (``futile``)
@@ -373,7 +408,8 @@ class AutoBudget:
     def on_gpu(cls, costs: PassCosts | None = None, **kw) -> "AutoBudget":
         """The budget for a target on a GPU: passes of ``GPU_SIZES`` nodes, a budget kept while within 3%
         of the best, and costs from steady passes only (the fields' notes)."""
-        kw = {"sizes": GPU_SIZES, "size_keep": 0.97, "steady_costs": True, **kw}
+        kw = {"sizes": GPU_SIZES, "size_keep": 0.97, "steady_costs": True, "probe_at_start": True,
+              "curve_probe": 1.0, **kw}
         return cls(costs=costs if costs is not None else PassCosts(), **kw)
 
     def budgets(self, k_max: int) -> np.ndarray:
@@ -420,11 +456,14 @@ class AutoBudget:
 
     def begin(self, captured: bool) -> None:
         """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
-        step decides afresh (a kept "plain wins" is dropped: ``plan`` may have found that drafting pays)."""
+        step decides afresh (a kept "plain wins" is dropped: ``plan`` may have found that drafting pays);
+        with ``probe_at_start`` and the prompt captured, a probe due within the generation is due now."""
         self.capture = captured
         self._plain_kept = 0
         self._warming = False
         self._covered = SYNCED if captured else 0
+        if captured and self.probe_at_start and not self._spec and self.curve is not None:
+            self._since_probe = max(self._since_probe, self._probe_every)
 
     def choose(self, k_max: int, remaining: int | None = None) -> int:
         """Budget for the next step, at most ``k_max`` (0 = plain decoding); sets ``probing`` and ``capture``.
@@ -476,7 +515,7 @@ class AutoBudget:
         On the 2-core CPU (a 2-node pass 2.3x a 1-token one, a 16-node pass 13x) no budget ever paid for
         the shipped drafter, and its probes, one per ~140 steps, cost 1-3% of the time."""
         if (not self.skip_futile or self.best_curve is None or self.draft_s is None
-                or self._probe_every >= self.probe_cap or k_max < 1):
+                or self._n_cycles < self.futile_after or self._probe_every >= self.probe_cap or k_max < 1):
             return False
         n_warm = max(self.costs.largest(warm=True), 1)
         b = self.budgets(k_max)
@@ -518,11 +557,13 @@ class AutoBudget:
 
     def _spacing(self, doubled: int) -> int:
         """Plain steps before the next probe: the doubling schedule (``probe_min`` .. ``probe_max``), at
-        least what keeps probing within ``overhead`` of plain time, at most ``probe_cap``."""
+        least what keeps probing within ``overhead`` of plain time, the cycle's cost net of what the
+        speculation that probes started saved (``probe_gain``), at most ``probe_cap``."""
         n = min(max(doubled, self.probe_min), self.probe_max)
         c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
         if self.probe_cost is not None and c1 and self._n_cycles >= 2:  # the first cycle is a warm-up
-            n = max(n, int(np.ceil(self.probe_cost / (self.overhead * c1))))
+            net = self.probe_cost - self.probe_gain
+            n = max(n, int(np.ceil(net / (self.overhead * c1))))
         return min(n, self.probe_cap)
 
     def _decide(self, k_max: int) -> int:
@@ -598,6 +639,7 @@ class AutoBudget:
             return
         if rec.speculative and not rec.probe:  # speculation pays: no probe cycle
             self._cycle = 0.0
+            self._earned += c1 * len(rec.tokens) - rec.t_step
             return
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
@@ -610,8 +652,10 @@ class AutoBudget:
                    - c1 * len(rec.tokens))
             self.probe_cost = running_cost(self.probe_cost, max(self._cycle, own, 0.0), a, self._n_cycles == 1,
                                            cap=PROBE_OUTLIER)
+            g = self.alpha_probe if self.alpha_probe is not None else a
+            self.probe_gain = (1 - g) * self.probe_gain + g * self._earned  # what the last probe led to
             self._n_cycles += 1
-            self._cycle = 0.0
+            self._cycle = self._earned = 0.0
             self._probe_every = self._spacing(self._probe_every)
             if self._explored and self.costs.samples(self._explored) < 2:
                 self._probe_every = self.probe_min  # its first pass was cold: measure it again soon
@@ -636,7 +680,7 @@ class AutoBudget:
             self.costs.record(n_nodes, verify_s)
         self.draft_s = running_cost(self.draft_s, draft_s, a, self._n_spec == 1)
         self._n_spec += 1
-        self.curve = self._blend(self.curve, curve, a)
+        self.curve = self._blend(self.curve, curve, max(a, self.curve_probe) if probe else a)
         n = max(len(curve), 0 if self.best_curve is None else len(self.best_curve))
         new = _extend(np.asarray(curve, dtype=np.float64), n)
         self.best_curve = new if self.best_curve is None else np.maximum(_extend(self.best_curve, n), new)
