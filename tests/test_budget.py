@@ -336,10 +336,19 @@ def test_speculation_that_starts_paying_mid_stretch_warms_the_drafter_up_first()
 def test_plan_captures_the_prompt_only_when_the_generation_can_draft():
     auto = AutoBudget(costs=LinearCosts(0.035, 0.06))
     assert auto.plan(8, 15)  # nothing known yet: the first probe comes at once
+    assert auto.prompt_rows is None  # the first probe drafts with the whole prompt
     auto = _weak_auto(probe_min=100)
-    assert not auto.plan(64, 15) and auto.plan(128, 15)
+    assert not auto.plan(64, 15) and not auto.plan(128, 15)  # a probe after 100 steps: its own warm-up
     auto.begin(False)
     assert not auto.capture and auto._covered == 0
+    auto._since_probe = 70  # due in 30 steps, within the window: the prompt's last ``window`` rows
+    assert auto.plan(64, 15) and auto.prompt_rows == auto.window
+    gpu = _weak_auto(probe_min=100, probe_at_start=True)  # on a GPU: a probe due within the generation
+    assert not gpu.plan(64, 15) and gpu.plan(128, 15) and gpu.prompt_rows == gpu.window
+    gpu.begin(True)
+    assert gpu.choose(15) > 0 and gpu.probing  # at the generation's first step
+    gpu._spec = True  # speculation under way: the whole prompt
+    assert gpu.plan(128, 15) and gpu.prompt_rows is None
 
 
 def _probe_gaps(auto: AutoBudget, steps: int, curve) -> tuple[list[int], int]:
@@ -560,6 +569,30 @@ def test_engine_reports_a_stretch_cut_short(pair):
         # step, and 16 steps of the next stretch when the consumer stopped
         assert steps == 49 and (seen["single"], seen["stretch"]) == (2, 47)
         assert e.auto._since_probe - before == steps
+
+
+def test_engine_gives_a_probe_the_prompts_last_rows_only(pair):
+    """A prefill for a probe (``plan`` sets ``prompt_rows``) injects only the prompt's last rows into the
+    drafter (a hole before them); with speculation under way, every row; the output stays plain's."""
+    from tfm_local.engine import Engine
+
+    target, drafter = pair
+    with Engine(target, drafter, n_ctx=512) as e:
+        ids = e.prompt_tokens(PROMPT)
+        e.set_budget(0)
+        ref = list(e.generate_ids(ids, 24, plain_sp()))
+        e.set_budget("auto")
+        written = []
+        real = e.drafter.inject
+        e.drafter.inject = lambda f, pos0: written.append((pos0, len(f))) or real(f, pos0)
+        for rows, spec in ((4, False), (None, True)):
+            e.auto._spec = spec
+            e.auto.plan = lambda max_tokens, k_max, rows=rows: setattr(e.auto, "prompt_rows", rows) or True
+            written.clear()
+            out = list(e.generate_ids(ids, 24, plain_sp()))
+            prompt = [w for w in written if w[0] < len(ids)]
+            want = [(len(ids) - 4, 4)] if rows else [(0, len(ids))]
+            assert prompt == want and out == ref
 
 
 def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: float, p_accept: float,

@@ -40,9 +40,9 @@ def main() -> None:
     probes = []
     real_observe_spec = budget_module.AutoBudget.observe_spec
 
-    def observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted):
+    def observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw):
         was_probe = self.probing
-        real_observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted)
+        real_observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw)
         probes.append(dict(probe=was_probe, n_nodes=n_nodes, verify_ms=1e3 * verify_s, draft_ms=1e3 * draft_s,
                            budget=budget, accepted=accepted, predicted=float(curve[budget - 1]),
                            ratio=self.ratio, draft_mean_ms=1e3 * self.draft_s,

@@ -328,7 +328,10 @@ class AutoBudget:
             start. Over 8 seeds of 6,000 simulated steps on H200 costs, prior 4 and 0.3 took a drafter right
             75% of a position from 0.90x (worst 1.00x) to 0.84x (worst 0.95x) plain time and one right 80%
             from 0.65x (worst 0.68x) to 0.645x (worst 0.657x), and changed nothing where speculation does
-            not pay (60-70%: 1.00x).
+            not pay (60-70%: 1.00x). A generation's first speculative step weighs as a probe (in the calibration
+            and, with ``curve_probe``, the gain curve): speculation carried over from the last answer kept
+            the last prompt's r and curve, and on the H200 two MT-Bench answers of 2026-12-04 speculated
+            through 135 and 26 steps at 0.77-0.78x plain (the stats of the HumanEval-like answer before).
         sizes: the node counts a verification may have (None: any up to the ceiling); budgets are these
             minus one. ``on_gpu``: ``GPU_SIZES``.
         size_keep: speculation under way keeps its budget while it is predicted at this factor of the best
@@ -347,6 +350,8 @@ class AutoBudget:
             capture switch, ~13 ms on the H200) and a warm-up that an end-of-generation token cut short
             before its probe (30 of 180 budget generations on MT-Bench, 2026-12-04: ~3% of those
             answers). Off on the CPU, where the prompt's injection costs a drafter pass over it.
+        prompt_rows: the last prompt rows whose features the drafter gets at this generation's prefill
+            (None: all), set by ``plan``.
         steady_costs: a pass's cost is recorded only from the third pass in a row of its size (on a GPU
             the first pass of a shape after another runs kernel by kernel and the second captures its
             CUDA graph; ggml-cuda replays from the third). The sizes' warm costs come from the warm-up at
@@ -374,6 +379,7 @@ class AutoBudget:
     steady_costs: bool = False
     probe_at_start: bool = False
     probe_gain: float = 0.0
+    prompt_rows: int | None = None
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -392,6 +398,7 @@ class AutoBudget:
     _warming: bool = False  # capturing ahead of a speculative step that found the drafter behind
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
     _earned: float = 0.0    # seconds speculative steps saved since the last probe (``probe_gain``)
+    _fresh: bool = False    # no speculative step yet in this generation (its first one weighs as a probe's)
     _n_spec: int = 0        # speculative steps observed (the first one's drafting time is a warm-up)
     _n_cycles: int = 0      # probe cycles closed (the first one's cost is a warm-up)
     _gated: bool = False    # the probe due has been checked for futility (``futile``)
@@ -439,20 +446,29 @@ class AutoBudget:
 
     def plan(self, max_tokens: int, k_max: int) -> bool:
         """Whether the prefill of a generation of ``max_tokens`` tokens (the prefill's included) with
-        budgets up to ``k_max`` captures the prompt's features for the drafter: when speculation pays
-        now, or the next probe falls within the generation (the probe then drafts with the prompt in the
-        drafter's cache). Otherwise nothing is captured until a probe comes near (``begin``). The prompt's rows
-        go into the drafter at the prefill: queued for the probe instead, their injection (a drafter
-        pass over the whole prompt, ~0.3 s on the 2-core CPU) stalled the stream mid-generation."""
+        budgets up to ``k_max`` captures the prompt's features for the drafter, and how many of its last
+        rows the drafter gets (``prompt_rows``, None = all): all when speculation is under way or pays
+        now; the last ``window`` when a probe comes at the start (``probe_at_start``: one due within the
+        generation) or within the first ``window`` steps (on the CPU; a later one warms the drafter up
+        with its own ``window`` steps and would find the prompt's rows cut off by a hole anyway). The
+        prompt's rows go into the drafter at the prefill: queued for the probe instead, their injection
+        (a drafter pass over the whole prompt, ~0.3 s on the 2-core CPU) stalled the stream
+        mid-generation. A probe's prompt rows were the whole prompt until 2026-12-04: its capture made
+        the H200's prefill 10-17 ms longer (MT-Bench, 8-20 ms without)."""
+        self.prompt_rows = None
         k_max = min(k_max, max_tokens - 1)
         if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
         if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max,
                                       budgets=self.budgets(k_max)) > 0:
             return True
-        if self._probe_every - self._since_probe > max_tokens - 3:  # as its first ``choose`` will count
+        reach = max_tokens - 3 if self.probe_at_start else self.window
+        if self._probe_every - self._since_probe > reach:  # as its first ``choose`` will count
             return False
-        return not self.futile(k_max)
+        if self.futile(k_max):
+            return False
+        self.prompt_rows = self.window
+        return True
 
     def begin(self, captured: bool) -> None:
         """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
@@ -462,6 +478,7 @@ class AutoBudget:
         self._plain_kept = 0
         self._warming = False
         self._covered = SYNCED if captured else 0
+        self._fresh = True
         if captured and self.probe_at_start and not self._spec and self.curve is not None:
             self._since_probe = max(self._since_probe, self._probe_every)
 
@@ -615,7 +632,8 @@ class AutoBudget:
         steady = self._passed(rec.n_nodes, 1)
         if rec.speculative:
             self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft - rec.t_sync, rec.curve, rec.budget,
-                              rec.n_accepted, record=steady, probe=rec.probe)
+                              rec.n_accepted, record=steady, probe=rec.probe or self._fresh)
+            self._fresh = False
         elif not rec.switched and steady:  # a switch may re-plan the graph (the first capture): no pass cost
             self.observe_plain(rec.t_verify)
         self._account(rec)
