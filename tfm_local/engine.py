@@ -347,15 +347,7 @@ class Engine:
             set_capture(tgt, dft, captured)
             if auto is not None:
                 auto.begin(captured)
-        on_chunk = None
-        if dft is not None and tgt.feature_layers:  # the prompt's rows (its last ``prompt_rows`` under auto)
-            keep = auto.prompt_rows if auto is not None else None
-            first = 0 if keep is None else max(len(prompt_ids) - keep, 0)
-
-            def on_chunk(s: int, n: int) -> None:
-                lo = min(max(first - s, 0), n)
-                if lo < n:
-                    dft.inject(tgt.features(slice(lo, n), n), s + lo)
+        on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft and tgt.feature_layers else None
         # the target's choice per row in its graph: the argmax (greedy_argmax) or the seeded draw
         if sp.greedy:
             backend = self.backend_argmax and tgt.attach_argmax(self._max_rows())

@@ -350,8 +350,6 @@ class AutoBudget:
             capture switch, ~13 ms on the H200) and a warm-up that an end-of-generation token cut short
             before its probe (30 of 180 budget generations on MT-Bench, 2026-12-04: ~3% of those
             answers). Off on the CPU, where the prompt's injection costs a drafter pass over it.
-        prompt_rows: the last prompt rows whose features the drafter gets at this generation's prefill
-            (None: all), set by ``plan``.
         steady_costs: a pass's cost is recorded only from the third pass in a row of its size (on a GPU
             the first pass of a shape after another runs kernel by kernel and the second captures its
             CUDA graph; ggml-cuda replays from the third). The sizes' warm costs come from the warm-up at
@@ -379,7 +377,6 @@ class AutoBudget:
     steady_costs: bool = False
     probe_at_start: bool = False
     probe_gain: float = 0.0
-    prompt_rows: int | None = None
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -446,29 +443,23 @@ class AutoBudget:
 
     def plan(self, max_tokens: int, k_max: int) -> bool:
         """Whether the prefill of a generation of ``max_tokens`` tokens (the prefill's included) with
-        budgets up to ``k_max`` captures the prompt's features for the drafter, and how many of its last
-        rows the drafter gets (``prompt_rows``, None = all): all when speculation is under way or pays
-        now; the last ``window`` when a probe comes at the start (``probe_at_start``: one due within the
-        generation) or within the first ``window`` steps (on the CPU; a later one warms the drafter up
-        with its own ``window`` steps and would find the prompt's rows cut off by a hole anyway). The
-        prompt's rows go into the drafter at the prefill: queued for the probe instead, their injection
-        (a drafter pass over the whole prompt, ~0.3 s on the 2-core CPU) stalled the stream
-        mid-generation. A probe's prompt rows were the whole prompt until 2026-12-04: its capture made
-        the H200's prefill 10-17 ms longer (MT-Bench, 8-20 ms without)."""
-        self.prompt_rows = None
+        budgets up to ``k_max`` captures the prompt's features for the drafter: when speculation pays
+        now, or the next probe falls within the generation (the probe then drafts with the prompt in the
+        drafter's cache; with ``probe_at_start`` it comes at the first step). Otherwise nothing is
+        captured until a probe comes near (``begin``). The prompt's rows go into the drafter at the
+        prefill: queued for the probe instead, their injection (a drafter pass over the whole prompt,
+        ~0.3 s on the 2-core CPU) stalled the stream mid-generation. Every row: a probe that got only
+        the prompt's last 32 rows (H200, 2026-12-04, 40 prompts a set) rarely led to speculation, and
+        `auto` fell from 1.22x / 1.06x plain on HumanEval / GSM8K to 0.99x / 0.99x."""
         k_max = min(k_max, max_tokens - 1)
         if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
         if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max,
                                       budgets=self.budgets(k_max)) > 0:
             return True
-        reach = max_tokens - 3 if self.probe_at_start else self.window
-        if self._probe_every - self._since_probe > reach:  # as its first ``choose`` will count
+        if self._probe_every - self._since_probe > max_tokens - 3:  # as its first ``choose`` will count
             return False
-        if self.futile(k_max):
-            return False
-        self.prompt_rows = self.window
-        return True
+        return not self.futile(k_max)
 
     def begin(self, captured: bool) -> None:
         """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
