@@ -532,3 +532,21 @@ def test_a_bad_drafter_is_named_by_the_weavers_option(pair, tmp_path):
     with pytest.raises(Exception, match="--drafter") as e:
         fit_weaver(d / "corpus", target, tmp_path / "junk.pt", tmp_path / "w", WeaverOptions(steps=1, **OPTS), "cpu")
     assert "--init-from" not in str(e.value)
+
+
+def test_tfm_bench_json_records_where_the_weaver_ran(tmp_path):
+    """The bench JSON keeps ``Engine.weaver_ms`` (the TfM tree's ms on each device timed at load)."""
+    import json
+    from types import SimpleNamespace
+
+    from tfm_local.bench.tfm_bench import write_json
+
+    model = SimpleNamespace(path=tmp_path / "m.gguf")
+    engine = SimpleNamespace(target=SimpleNamespace(model=model), drafter=None, weaver_ms={"gpu": 4.1, "cpu": 2.3})
+    args = SimpleNamespace(json=str(tmp_path / "b.json"), threads=2, cpu=True, max_tokens=8, n_prompts=1,
+                           modes="plain")
+    write_json(args, [], [], engine, argv=["--modes", "plain"])
+    assert json.loads((tmp_path / "b.json").read_text())["weaver_ms"] == {"gpu": 4.1, "cpu": 2.3}
+    engine.weaver_ms = {}
+    write_json(args, [], [], engine, argv=["--modes", "plain"])
+    assert "weaver_ms" not in json.loads((tmp_path / "b.json").read_text())

@@ -443,8 +443,9 @@ def machine_info(args, engine) -> dict:
 
 def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None, samplings=()) -> None:
     """Write the bench JSON atomically: command, date, machine, models, sampling (the first setting's
-    parameters, None = greedy), samplings (every setting: label and parameters), summary rows and
-    per-prompt runs.
+    parameters, None = greedy), samplings (every setting: label and parameters), summary rows,
+    per-prompt runs, and with a Weaver the ms of a TfM tree on each device timed at load (``weaver_ms``,
+    ``Engine.weaver_ms``: the faster device runs it).
     With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
     lists the finished sets, so that an interrupted run keeps them."""
     doc = dict(**run_record(argv), machine=machine_info(args, engine),
@@ -453,6 +454,8 @@ def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None
                sampling=None if not samplings or samplings[0].sp.greedy else dataclasses.asdict(samplings[0].sp),
                samplings=[dict(label=s.label, **dataclasses.asdict(s.sp)) for s in samplings],
                complete=sets_done is None, summary=table, runs=runs, written=time.time())
+    if getattr(engine, "weaver_ms", None):
+        doc["weaver_ms"] = dict(engine.weaver_ms)
     if sets_done is not None:
         doc["sets_done"] = sets_done
     write_common_json(args.json, doc)
