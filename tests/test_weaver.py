@@ -550,3 +550,21 @@ def test_tfm_bench_json_records_where_the_weaver_ran(tmp_path):
     engine.weaver_ms = {}
     write_json(args, [], [], engine, argv=["--modes", "plain"])
     assert "weaver_ms" not in json.loads((tmp_path / "b.json").read_text())
+
+
+def test_weaver_option_needs_drafting_and_notes_an_unused_tree(capsys):
+    """tfm-chat / tfm-serve: ``--weaver`` without drafting is an error (nothing would read it); with a tree
+    that does not use it, a note."""
+    from argparse import Namespace
+
+    from tfm_local.cli.common import check_weaver_use
+
+    for bad in (dict(no_draft=True, budget="auto"), dict(no_draft=False, budget=0)):
+        with pytest.raises(SystemExit):
+            check_weaver_use(Namespace(weaver="w.gguf", tree="tfm", **bad))
+        assert "--weaver" in capsys.readouterr().err
+    check_weaver_use(Namespace(weaver="w.gguf", tree="ddtree", no_draft=False, budget="auto"))
+    assert "note: --weaver" in capsys.readouterr().err
+    check_weaver_use(Namespace(weaver="w.gguf", tree="tfm", no_draft=False, budget=16))
+    check_weaver_use(Namespace(weaver=None, tree="chain", no_draft=True, budget=0))
+    assert capsys.readouterr().err == ""

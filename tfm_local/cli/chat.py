@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import Iterator
 
-from .common import (add_engine_args, add_sampling_args, budget_arg, engine_from_args, fail,
+from .common import (add_engine_args, add_sampling_args, budget_arg, check_weaver_use, engine_from_args, fail,
                      sampling_kwargs)
 
 HELP = """commands:
@@ -313,6 +313,7 @@ def run(args) -> None:
         SamplingParams(**sampling_kwargs(args))
     except ValueError as e:
         fail(str(e))
+    check_weaver_use(args)
     engine = engine_from_args(args)
     try:
         if args.prompt is not None:

@@ -146,6 +146,18 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
                 seed=args.seed)
 
 
+def check_weaver_use(args: argparse.Namespace) -> None:
+    """``--weaver`` with the draft options of tfm-chat / tfm-serve: an error without drafting (nothing
+    would read it), a note on stderr with a tree that does not use it (it is loaded all the same)."""
+    if getattr(args, "weaver", None) is None:
+        return
+    if args.no_draft or args.budget == 0:
+        fail("--weaver scores the drafter's candidates and needs drafting: drop --no-draft / --budget 0, "
+             "or --weaver")
+    if args.tree not in ("tfm", "dartree"):
+        print(f"note: --weaver is read by --tree tfm or dartree only (here --tree {args.tree})", file=sys.stderr)
+
+
 def engine_from_args(args: argparse.Namespace):
     """Build the Engine; model and drafter problems end the program with a clear message."""
     from ..engine import Engine

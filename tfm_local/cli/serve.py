@@ -11,7 +11,7 @@ import socket
 import sys
 from urllib.parse import urlsplit
 
-from .common import add_engine_args, engine_from_args, fail
+from .common import add_engine_args, check_weaver_use, engine_from_args, fail
 
 #: Default request body limit: far above any prompt that fits a context (a 128k-token prompt is
 #: about 0.5 MB of text), far below what a flood of bodies would cost in memory.
@@ -83,6 +83,7 @@ def main(argv=None) -> None:
         sock = bind(args.host, args.port)
     except OSError as e:
         fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    check_weaver_use(args)
     engine = engine_from_args(args)
     name = args.model_name or engine.target.model.path.stem
     app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
