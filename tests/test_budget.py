@@ -368,9 +368,12 @@ def test_probes_that_cannot_lead_to_speculation_are_skipped():
     curve seen once keeps the probes on their schedule; so does ``skip_futile=False``."""
     auto = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_cap=1024)
     auto.observe_spec(5, 0.35, 0.03, WEAK, 4, 0)
-    assert not auto.futile(15)  # not before ``futile_after`` probe cycles
-    auto._n_cycles = auto.futile_after
     assert auto.futile(15)
+    gpu = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_cap=1024, futile_after=8)  # ``on_gpu``'s
+    gpu.observe_spec(5, 0.35, 0.03, WEAK, 4, 0)
+    assert not gpu.futile(15)  # not before ``futile_after`` probe cycles
+    gpu._n_cycles = 8
+    assert gpu.futile(15)
     gaps, captured = _probe_gaps(auto, 6000, WEAK)
     assert 2 <= len(gaps) <= 6 and min(gaps) >= 1024
     assert captured <= len(gaps) * auto.window  # capture only before the probes made
@@ -890,22 +893,25 @@ def _simulate_generations(auto: AutoBudget, kinds: list[float], length: int = 20
 def test_probes_that_pay_come_every_few_generations_and_futile_ones_stay_cheap():
     """H200 costs, 200-token answers to 256-token requests. HumanEval-like: the drafter right 85% of a
     position on a third of the prompts (speculation at 15 runs at ~0.5x plain time there) and 45% on the
-    rest. With the probe spacing's floor from the cycle's cost alone (~20 ms: 0.5% of plain time spaced
-    probes ~2,000 steps apart) few easy prompts were ever probed; net of what the speculation they started
-    saved (``probe_gain``) the probes come every few answers and most easy prompts speculate. Where the
-    drafter never pays (MT-Bench-like, 45%) the probes at the answers' start with the prompt captured
-    (``probe_at_start``) keep the time within 1% of plain decoding's, prefills' extra included."""
+    rest. With the futility gate after one probe and a probe's curve weighed 0.2 in the running one, a
+    first probe on a hard prompt kept later ones from ever starting speculation; with ``on_gpu``'s
+    (``futile_after`` 8, ``curve_probe`` 1, probes at the answers' start) most easy prompts speculate.
+    Where the drafter never pays (MT-Bench-like, 45%) decoding stays within 1% of plain's, prefills'
+    extra included, also when the requests ask for far more tokens than the answers have."""
     ratios = []
     for seed in range(4):
         rng = np.random.default_rng(seed)
         mixed = [0.85 if rng.random() < 1 / 3 else 0.45 for _ in range(60)]
         ratios.append(_simulate_generations(AutoBudget.on_gpu(), mixed, seed=seed)["ratio"])
         assert _simulate_generations(AutoBudget.on_gpu(), [0.45] * 60, seed=seed)["ratio"] < 1.01
+        # requests far longer than the answers: a probe pulled to an answer's start moves the next one later
+        assert _simulate_generations(AutoBudget.on_gpu(), [0.85] + [0.45] * 60, max_tokens=1024,
+                                     seed=seed)["ratio"] < 1.012
     assert np.mean(ratios) < 0.95 and max(ratios) < 0.99
     old = [_simulate_generations(AutoBudget.on_gpu(probe_at_start=False, curve_probe=0.2, futile_after=0),
                                  [0.85 if r < 1 / 3 else 0.45 for r in np.random.default_rng(s).random(60)],
                                  seed=s)["ratio"] for s in range(4)]
-    assert np.mean(old) > 0.99  # the spacing of before (futile after one probe, a probe's curve at 0.2)
+    assert np.mean(old) > 0.99  # futile after one probe, a probe's curve at 0.2, no probe at the start
     easy = _simulate_generations(AutoBudget.on_gpu(), [0.85] * 30)
     assert easy["ratio"] < 0.6
 
@@ -935,3 +941,39 @@ def test_a_generations_first_speculative_step_weighs_as_a_probe():
     assert a1 == pytest.approx(0.7 * a0) and auto.curve[-1] == pytest.approx(WEAK[-1])  # a probe's weights
     step()
     assert auto.accepted == pytest.approx(0.97 * a1)  # the running weight (0.03) from the second step on
+
+
+def test_probe_spacing_is_net_of_what_speculation_saved_within_bounds():
+    """The spacing floor is the probe cycle's cost net of ``probe_gain``; a gain sample counts between 0
+    and ``PROBE_OUTLIER`` cycles' cost (a losing run carried into a harder text pushed the probes out to
+    ``probe_cap``, a long winning one lifted the floor for many probes); a running cost that reached 0 takes
+    the next sample (capped at twice 0 it stayed 0, and the floor with it)."""
+    from tfm_local.decode.budget import PROBE_OUTLIER, running_cost
+    from tfm_local.decode.step import StepRecord
+
+    auto = AutoBudget(costs=PassCosts())
+    auto.observe_plain(0.002)
+    auto.probe_cost, auto._n_cycles = 0.02, 2  # 20 ms a cycle: 2,000 steps keep it at 0.5% of 2 ms steps
+    assert 1999 <= auto._spacing(8) <= 2001
+    auto.probe_gain = 0.015
+    assert 499 <= auto._spacing(8) <= 501
+    auto.probe_gain = 0.05
+    assert auto._spacing(8) == 8
+    assert running_cost(0.0, 0.03, 0.2, False) == 0.03
+
+    def run(t_spec: float) -> float:
+        a = AutoBudget(costs=PassCosts())
+        a.observe_plain(0.002)
+        a.plain_s, a.probe_cost, a._n_cycles = 0.002, 0.02, 2
+        for _ in range(100):  # speculative steps of 2 tokens
+            rec = StepRecord(pos=0, budget=3, n_nodes=4, tokens=[1, 2], curve=WEAK)
+            rec.phases["verify"] = t_spec
+            a._account(rec)
+        probe = StepRecord(pos=0, budget=3, n_nodes=4, tokens=[1], curve=WEAK, probe=True)
+        probe.phases["verify"] = 0.006
+        a._account(probe)
+        return a.probe_gain, a.probe_cost
+
+    assert run(0.010)[0] == 0.0  # 100 steps that lost 0.6 s: no negative gain
+    gain, cost = run(0.001)  # 0.3 s saved: capped at PROBE_OUTLIER cycles (the cycle's cost after this probe)
+    assert gain == pytest.approx(0.3 * PROBE_OUTLIER * cost) and PROBE_OUTLIER * cost < 0.3

@@ -69,12 +69,13 @@ cost: the time a probe cycle (its warm-up steps, the capture switches and the
 probe itself) takes beyond plain steps emitting the same tokens (``probe_cost``,
 from the step records' phases) sets a floor on the plain steps between two
 probes, ``probe_cost / (overhead · c(1))``, so that probing costs at most
-``overhead`` (0.5%) of plain decoding while speculation keeps losing; what the
-speculation that probes started saved is subtracted from that cost (``probe_gain``), so
-where probing pays the probes follow the doubling schedule; the gap still stops growing
-at ``probe_cap`` steps, so the drafter is re-probed eventually. On a GPU a probe due
-within a generation comes at its first step, with the prompt's features captured in
-the prefill instead of a warm-up (``probe_at_start``). The first cycle of a process is a warm-up (the drafter's first
+``overhead`` (0.5%) of plain decoding while speculation keeps losing; what
+speculation saved since the last probe (0 to 10 cycles' cost) is subtracted from that
+cost (``probe_gain``), so where probing pays the probes follow the doubling schedule;
+the gap still stops growing at ``probe_cap`` steps, so the drafter is re-probed
+eventually. On a GPU a probe due within a generation comes at its first step, with the
+prompt's features captured in the prefill instead of a warm-up, and the steps it came
+early are added to the next gap (``probe_at_start``). The first cycle of a process is a warm-up (the drafter's first
 pass, CUDA graphs of new shapes: 27.7 ms on the H200 against ~5 ms from its
 parts) and does not space the probes; the second cycle's cost replaces it.
 """
@@ -108,8 +109,8 @@ def running_cost(mean: float | None, sample: float, alpha: float, warm: bool, ca
     a single slow step cannot price speculation out for hundreds of steps while a real change (a
     slower machine, a longer context) still comes through within a few.
     """
-    if mean is None or warm:
-        return sample
+    if mean is None or warm or mean <= 0.0:  # a mean of 0 (a probe cycle that cost nothing) would cap
+        return sample                         # every later sample to 0
     return (1 - alpha) * mean + alpha * min(sample, cap * mean)
 
 
@@ -313,7 +314,8 @@ class AutoBudget:
             position on a third of the prompts and 45% on the rest: a first probe on a hard prompt made
             every probe futile up to ``probe_cap``, 4,096 steps, and 3 of 19 easy answers speculated; after 4
             cycles one seed of 8 still never speculated, after 8 none: 0.93x plain time on average, and
-            1.005x where the drafter never pays).
+            1.005x where the drafter never pays). ``on_gpu``: 8; on the CPU 0 (a probe cycle there costs
+            a drafter pass over the prompt or 32 rows, and no budget has paid for the shipped drafter).
         keep: speculation under way goes on while it is predicted to run at this factor of plain
             decoding or better (a hysteresis: one threshold for starting and stopping made the ratio's
             noise stop it as often as it started). At 0.97 a run of bets predicted to lose up to 3% went
@@ -343,13 +345,19 @@ class AutoBudget:
             the drafter pays on some prompts and not on others gets re-probed every few prompts. With
             the floor from the cost alone (0.5% of plain time) a probe cycle of ~20 ms spaced the probes
             ~2,000 steps apart on the H200, eight 256-token answers: `auto` speculated on 2 of 15
-            HumanEval prompts where DDTree@16 ran at 1.22x plain (2026-12-04).
+            HumanEval prompts where DDTree@16 ran at 1.22x plain (2026-12-04). A sample counts between 0
+            and ``PROBE_OUTLIER`` times the cycle's cost: one long winning run lifted the floor for many
+            probes, and a losing one (speculation carried over into a harder text) pushed the probes out to
+            ``probe_cap``.
         probe_at_start: a probe that comes due within a generation is made at its first step, with the
             prompt's features (``plan`` captures the prompt, ``begin`` makes the probe due): on a GPU a
             captured prefill costs a few ms and saves the probe's warm-up (32 capturing steps and a
             capture switch, ~13 ms on the H200) and a warm-up that an end-of-generation token cut short
             before its probe (30 of 180 budget generations on MT-Bench, 2026-12-04: ~3% of those
-            answers). Off on the CPU, where the prompt's injection costs a drafter pass over it.
+            answers). ``plan`` judges "within" by ``max_tokens``, an upper bound: the steps the probe came
+            early are added to the next gap, so that the probes keep their spacing on average (with
+            ``max_tokens`` far above the answers, a probe at every answer's start otherwise). Off on the
+            CPU, where the prompt's injection costs a drafter pass over it.
         steady_costs: a pass's cost is recorded only from the third pass in a row of its size (on a GPU
             the first pass of a shape after another runs kernel by kernel and the second captures its
             CUDA graph; ggml-cuda replays from the third). The sizes' warm costs come from the warm-up at
@@ -367,7 +375,7 @@ class AutoBudget:
     alpha_accept: float = 0.03
     margin: float = 1.08
     skip_futile: bool = True
-    futile_after: int = 8
+    futile_after: int = 0
     curve_probe: float = 0.2
     keep: float = 1.0
     prior_steps: float = 4.0
@@ -396,6 +404,8 @@ class AutoBudget:
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
     _earned: float = 0.0    # seconds speculative steps saved since the last probe (``probe_gain``)
     _fresh: bool = False    # no speculative step yet in this generation (its first one weighs as a probe's)
+    _probe_planned: bool = False  # ``plan`` captures the prompt for a probe due within the generation
+    _pulled: int = 0        # steps a probe came early at a generation's start (added to the next gap)
     _n_spec: int = 0        # speculative steps observed (the first one's drafting time is a warm-up)
     _n_cycles: int = 0      # probe cycles closed (the first one's cost is a warm-up)
     _gated: bool = False    # the probe due has been checked for futility (``futile``)
@@ -413,7 +423,7 @@ class AutoBudget:
         """The budget for a target on a GPU: passes of ``GPU_SIZES`` nodes, a budget kept while within 3%
         of the best, and costs from steady passes only (the fields' notes)."""
         kw = {"sizes": GPU_SIZES, "size_keep": 0.97, "steady_costs": True, "probe_at_start": True,
-              "curve_probe": 1.0, **kw}
+              "curve_probe": 1.0, "futile_after": 8, **kw}
         return cls(costs=costs if costs is not None else PassCosts(), **kw)
 
     def budgets(self, k_max: int) -> np.ndarray:
@@ -452,14 +462,16 @@ class AutoBudget:
         the prompt's last 32 rows (H200, 2026-12-04, 40 prompts a set) rarely led to speculation, and
         `auto` fell from 1.22x / 1.06x plain on HumanEval / GSM8K to 0.99x / 0.99x."""
         k_max = min(k_max, max_tokens - 1)
+        self._probe_planned = False
         if self._spec or self.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
         if k_max >= 1 and best_budget(self.costs, self.draft_s, self._curve(k_max), self.ratio, k_max,
-                                      budgets=self.budgets(k_max)) > 0:
+                                      margin=self.margin, budgets=self.budgets(k_max)) > 0:
             return True
         if self._probe_every - self._since_probe > max_tokens - 3:  # as its first ``choose`` will count
             return False
-        return not self.futile(k_max)
+        self._probe_planned = not self.futile(k_max)
+        return self._probe_planned
 
     def begin(self, captured: bool) -> None:
         """A generation starts; ``captured``: the drafter got every prompt token's features. Its first
@@ -470,8 +482,10 @@ class AutoBudget:
         self._warming = False
         self._covered = SYNCED if captured else 0
         self._fresh = True
-        if captured and self.probe_at_start and not self._spec and self.curve is not None:
+        if captured and self.probe_at_start and self._probe_planned:  # the planned probe now; the steps
+            self._pulled = max(self._probe_every - self._since_probe, 0)  # it came early go to the next gap
             self._since_probe = max(self._since_probe, self._probe_every)
+        self._probe_planned = False
 
     def choose(self, k_max: int, remaining: int | None = None) -> int:
         """Budget for the next step, at most ``k_max`` (0 = plain decoding); sets ``probing`` and ``capture``.
@@ -556,7 +570,8 @@ class AutoBudget:
         if self._covered < self.window:
             self._warming = True
             return self._plain(True)
-        self._since_probe, self._gated = 0, False
+        self._since_probe, self._gated = -self._pulled if probe else 0, False
+        self._pulled = 0
         self._probe_every = self._spacing(every)
         self.probing, self.capture, self._spec = probe, True, not probe
         self._covered = SYNCED
@@ -661,8 +676,12 @@ class AutoBudget:
                    - c1 * len(rec.tokens))
             self.probe_cost = running_cost(self.probe_cost, max(self._cycle, own, 0.0), a, self._n_cycles == 1,
                                            cap=PROBE_OUTLIER)
+            # what the speculation since the last probe saved, at most PROBE_OUTLIER cycles' cost (a long
+            # winning run would lift the floor for many probes) and no less than nothing (a losing run,
+            # e.g. carried over into another text, would push the probes out to ``probe_cap``)
             g = self.alpha_probe if self.alpha_probe is not None else a
-            self.probe_gain = (1 - g) * self.probe_gain + g * self._earned  # what the last probe led to
+            earned = min(max(self._earned, 0.0), PROBE_OUTLIER * (self.probe_cost or 0.0))
+            self.probe_gain = (1 - g) * self.probe_gain + g * earned
             self._n_cycles += 1
             self._cycle = self._earned = 0.0
             self._probe_every = self._spacing(self._probe_every)
