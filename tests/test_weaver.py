@@ -368,6 +368,67 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
         native.weaver_prefix(rt._w, rt.shape, x.h_target.numpy()[:1], x.h_drafter.numpy()[:2])
 
 
+def test_a_trees_nodes_keep_their_keys_and_values_and_give_the_steps_q(pair, tmp_path):
+    """``Weaver.nodes_add`` (each node's keys and values kept on the backend, one row a node) gives the q
+    that ``Weaver.steps`` gives for the path ending at each node: random trees added in calls of 1-6 nodes
+    (padded rows, parents within a call), two trees in a row on one store; what does not fit is refused."""
+    from tfm_local.decode.weaver import Weaver as RuntimeWeaver
+    from tfm_local.train.weaver_fit import export_weaver
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=20, **OPTS), "cpu",
+                     log=lambda s: None)
+    rt = RuntimeWeaver(export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"], "cpu", 1)
+    sh, rng = rt.shape, np.random.default_rng(7)
+    D, Ht = sh["depth"], sh["target_hidden"]
+
+    class Owner:
+        pass
+
+    for tree in range(2):
+        ht = rng.standard_normal(Ht).astype(np.float32)
+        hd = rng.standard_normal((D, sh["drafter_hidden"])).astype(np.float32)
+        emb = rng.standard_normal((24, Ht)).astype(np.float32)  # node v's step: emb[v]
+        parent, depth = [-1], [0]
+        for v in range(1, 24):  # a random tree of 24 nodes, none deeper than the block
+            p = int(rng.choice([u for u in range(v) if depth[u] < D - 1]))
+            parent.append(p)
+            depth.append(depth[p] + 1)
+        owner = Owner()
+        rt.nodes_begin(owner, ht, hd, 24)
+        got, v = [], 0
+        while v < 24:
+            n = int(min(rng.integers(1, 7), 24 - v))
+            got.append(rt.nodes_add(owner, np.array(parent[v:v + n]), emb[v:v + n]))
+            v += n
+        got = np.concatenate(got)
+        for v in range(24):
+            path = [v]
+            while parent[path[-1]] >= 0:
+                path.append(parent[path[-1]])
+            want = rt.steps(Owner(), ht, hd, np.array([len(path)]), emb[path[::-1]])
+            assert np.abs(got[v] - want[0]).max() < 1e-4, (tree, v)
+    owner = Owner()
+    rt.nodes_begin(owner, ht, hd, 2)
+    rt.nodes_add(owner, np.array([-1, 0]), emb[:2])
+    with pytest.raises(ValueError):  # the store is full
+        rt.nodes_add(owner, np.array([1]), emb[:1])
+    rt.nodes_begin(owner, ht, hd, 40)
+    chain = np.arange(-1, D - 1)  # a path of D steps fits, one more does not
+    rt.nodes_add(owner, chain, emb[:1].repeat(D, 0))
+    with pytest.raises(ValueError):
+        rt.nodes_add(owner, np.array([D - 1]), emb[:1])
+    with pytest.raises(ValueError):  # a parent that does not exist yet
+        rt.nodes_add(owner, np.array([D + 5]), emb[:1])
+    rt.steps(Owner(), ht, hd, np.array([1]), emb[:1])  # another prefix took the backend
+    with pytest.raises(RuntimeError):
+        rt.nodes_add(owner, np.array([-1]), emb[:1])
+    from tfm_local.llama import native
+
+    with pytest.raises(ValueError, match="prefix replaced"):  # the library's own check
+        native.weaver_nodes_add(rt._w, rt.shape, np.array([-1]), emb[:1])
+
+
 def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):
     """``decode.weaver.tfm_tree`` (the ggml Weaver, the target's embedding rows from its GGUF, the tree
     builder ``build_tfm``) accepts what the trainer's PyTorch reference tree accepts, draft for draft,
@@ -491,10 +552,10 @@ def test_the_weaver_is_loaded_where_its_trees_are_built_fastest(pair, tmp_path, 
             self.device, self.closed = device, False
             made.append(self)
 
-        def steps(self, *a):
+        def nodes_add(self, *a):
             if self.device == "gpu":
                 _time.sleep(0.002)
-            return super().steps(*a)
+            return super().nodes_add(*a)
 
         def close(self):
             self.closed = True

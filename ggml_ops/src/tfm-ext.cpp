@@ -30,7 +30,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 13;
+    return 14;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -884,6 +884,24 @@ int32_t tfm_sample_get(llama_context * ctx, int32_t i0, int32_t n, int32_t * ids
 // paths' steps (tfm_weaver_steps). The candidates' scores (drafter logit + <codes[c], q>) are the
 // caller's: K rows of the codes table, which stays on the host.
 
+// the graph of one tfm_weaver_nodes_add row count (rows padded to a power of two up to TFM_WEAVER_PAD), kept
+// with its own allocator so that a call only sets its inputs and computes
+#define TFM_WEAVER_PAD 16
+struct tfm_weaver_node_graph {
+    ggml_context * ctx    = nullptr;
+    ggml_gallocr_t galloc = nullptr;
+    ggml_cgraph *  gf     = nullptr;
+    ggml_tensor *  se = nullptr, * pos = nullptr, * mask = nullptr, * idx = nullptr, * res = nullptr;
+    ~tfm_weaver_node_graph() {
+        if (galloc != nullptr) {
+            ggml_gallocr_free(galloc);
+        }
+        if (ctx != nullptr) {
+            ggml_free(ctx);
+        }
+    }
+};
+
 struct tfm_weaver {
     int32_t target_hidden = 0, drafter_hidden = 0, depth = 0, top_k = 0, width = 0, layers = 0, heads = 0,
             ffn = 0, rank = 0;
@@ -899,8 +917,39 @@ struct tfm_weaver {
     ggml_context *              ctx_p    = nullptr;
     ggml_backend_buffer_t       buf_p    = nullptr;
     std::vector<ggml_tensor *>  kp, vp;
+    uint64_t                    prefix_gen = 0;  // counts the prefixes computed (a node store belongs to one)
+    // one draft's tree node by node (tfm_weaver_nodes_begin / tfm_weaver_nodes_add): each node's keys and
+    // values of every layer in a store of max_nodes rows (+ TFM_WEAVER_PAD scratch rows for the padded
+    // rows of a call), its parent and depth on the host, and a graph per padded row count, built once
+    int32_t                     max_nodes = 0, n_nodes = 0;
+    bool                        nodes_ok = false;
+    uint64_t                    nodes_gen = 0;   // prefix_gen of the store's prefix
+    std::vector<int32_t>        node_parent, node_depth;
+    ggml_context *              ctx_n = nullptr;
+    ggml_backend_buffer_t       buf_n = nullptr;
+    std::vector<ggml_tensor *>  kn, vn;
+    std::map<int32_t, std::unique_ptr<tfm_weaver_node_graph>> node_graphs;
+
+    void free_nodes() {
+        node_graphs.clear();
+        if (buf_n != nullptr) {
+            ggml_backend_buffer_free(buf_n);
+        }
+        if (ctx_n != nullptr) {
+            ggml_free(ctx_n);
+        }
+        buf_n = nullptr;
+        ctx_n = nullptr;
+        kn.clear();
+        vn.clear();
+        max_nodes = n_nodes = 0;
+        nodes_ok = false;
+        node_parent.clear();
+        node_depth.clear();
+    }
 
     void free_prefix() {
+        node_graphs.clear();  // they read the prefix's tensors
         if (buf_p != nullptr) {
             ggml_backend_buffer_free(buf_p);
         }
@@ -916,6 +965,7 @@ struct tfm_weaver {
     }
 
     ~tfm_weaver() {
+        free_nodes();
         free_prefix();
         if (galloc != nullptr) {
             ggml_gallocr_free(galloc);
@@ -971,6 +1021,46 @@ ggml_tensor * weaver_rope(ggml_context * ctx, const tfm_weaver * W, ggml_tensor 
 std::unique_ptr<ggml_context, void (*)(ggml_context *)> weaver_graph_ctx(size_t n_nodes) {
     ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
     return {ggml_init(params), ggml_free};
+}
+
+// a step row's input: the token's target embedding [target_hidden, n] normalised and projected to [W, n]
+ggml_tensor * weaver_step_in(ggml_context * ctx, const tfm_weaver * W, ggml_tensor * se) {
+    return ggml_mul_mat(ctx, W->get("step_proj.weight"), weaver_norm(ctx, se, W->get("step_norm.weight"), W->eps));
+}
+
+// layer l's queries and keys [hd, H, n] (RoPE at pos) and values [W, n] of rows x [W, n]
+void weaver_qkv(ggml_context * ctx, const tfm_weaver * W, int32_t l, ggml_tensor * x, ggml_tensor * pos,
+                ggml_tensor *& q, ggml_tensor *& k, ggml_tensor *& v) {
+    const int32_t H = W->heads, hd = W->width / H;
+    const int64_t n = x->ne[1];
+    auto L = [&](const char * name) { return W->get("blk." + std::to_string(l) + "." + name + ".weight"); };
+    ggml_tensor * h = weaver_norm(ctx, x, L("attn_norm"), W->eps);
+    q = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, n), pos);
+    k = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, n), pos);
+    v = ggml_mul_mat(ctx, L("v"), h);
+}
+
+// the rest of layer l for rows x [W, n]: attention of q [hd, H, n] over keys k [hd, H, Tk] and values
+// v [W, Tk] under mask [Tk, n] (0 or -inf), the output projection, then the SwiGLU MLP; both residual
+ggml_tensor * weaver_attend_mlp(ggml_context * ctx, const tfm_weaver * W, int32_t l, ggml_tensor * x, ggml_tensor * q,
+                                ggml_tensor * k, ggml_tensor * v, ggml_tensor * mask) {
+    const int32_t Wd = W->width, H = W->heads, hd = Wd / H;
+    const int64_t n = x->ne[1], Tk = k->ne[2];
+    auto L = [&](const char * name) { return W->get("blk." + std::to_string(l) + "." + name + ".weight"); };
+    ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));  // [Tk, n, H]
+    kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / std::sqrt((float) hd), 0.0f);
+    ggml_tensor * vt  = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, v, hd, H, Tk), 1, 2, 0, 3));  // [Tk, hd, H]
+    ggml_tensor * kqv = ggml_mul_mat(ctx, vt, kq);                                                         // [hd, n, H]
+    ggml_tensor * o   = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)), Wd, n);
+    x = ggml_add(ctx, x, ggml_mul_mat(ctx, L("o"), o));
+    ggml_tensor * m = weaver_norm(ctx, x, L("mlp_norm"), W->eps);
+    ggml_tensor * g = ggml_silu(ctx, ggml_mul_mat(ctx, L("gate"), m));
+    return ggml_add(ctx, x, ggml_mul_mat(ctx, L("down"), ggml_mul(ctx, g, ggml_mul_mat(ctx, L("up"), m))));
+}
+
+// q [rank, n] of the last layer's rows x [W, n]
+ggml_tensor * weaver_q_out(ggml_context * ctx, const tfm_weaver * W, ggml_tensor * x) {
+    return ggml_mul_mat(ctx, W->get("out.weight"), weaver_norm(ctx, x, W->get("norm.weight"), W->eps));
 }
 
 } // namespace
@@ -1141,6 +1231,7 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
         return -3;
     }
     W->prefix_ok = true;
+    W->prefix_gen++;
     return 0;
 }
 
@@ -1150,7 +1241,7 @@ int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_d
         step_emb == nullptr || q_out == nullptr) {
         return -1;
     }
-    const int32_t n_drafts = W->n_drafts, D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H;
+    const int32_t n_drafts = W->n_drafts, D = W->depth;
     int32_t T = 0;
     for (int32_t p = 0; p < n_paths; ++p) {
         if (path_draft[p] < 0 || path_draft[p] >= n_drafts || path_len[p] < 1 || path_len[p] > D) {
@@ -1172,26 +1263,15 @@ int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_d
     for (ggml_tensor * t : {se, pos_s, mask, sel}) {
         ggml_set_input(t);
     }
-    ggml_tensor * x = ggml_mul_mat(ctx, W->get("step_proj.weight"), weaver_norm(ctx, se, W->get("step_norm.weight"), W->eps));
-    const float scale = 1.0f / std::sqrt((float) hd);
+    ggml_tensor * x = weaver_step_in(ctx, W, se);
     for (int32_t l = 0; l < W->layers; ++l) {
-        auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
-        ggml_tensor * h = weaver_norm(ctx, x, L("attn_norm"), W->eps);
-        ggml_tensor * q  = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("q"), h), hd, H, T), pos_s);
-        ggml_tensor * ks = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), h), hd, H, T), pos_s);
-        ggml_tensor * k  = ggml_concat(ctx, W->kp[l], ks, 2);                            // [hd, H, Tk]
-        ggml_tensor * v  = ggml_reshape_3d(ctx, ggml_concat(ctx, W->vp[l], ggml_mul_mat(ctx, L("v"), h), 1), hd, H, Tk);
-        ggml_tensor * kq = ggml_mul_mat(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, q, 0, 2, 1, 3));  // [Tk, T, H]
-        kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);
-        ggml_tensor * vt  = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));             // [Tk, hd, H]
-        ggml_tensor * kqv = ggml_mul_mat(ctx, vt, kq);                                   // [hd, T, H]
-        ggml_tensor * o   = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)), Wd, T);
-        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L("o"), o));
-        ggml_tensor * m = weaver_norm(ctx, x, L("mlp_norm"), W->eps);
-        ggml_tensor * g = ggml_silu(ctx, ggml_mul_mat(ctx, L("gate"), m));
-        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L("down"), ggml_mul(ctx, g, ggml_mul_mat(ctx, L("up"), m))));
+        ggml_tensor * q, * ks, * vs;
+        weaver_qkv(ctx, W, l, x, pos_s, q, ks, vs);
+        ggml_tensor * k = ggml_concat(ctx, W->kp[l], ks, 2);                            // [hd, H, Tk]
+        ggml_tensor * v = ggml_concat(ctx, W->vp[l], vs, 1);                            // [Wd, Tk]
+        x = weaver_attend_mlp(ctx, W, l, x, q, k, v, mask);
     }
-    ggml_tensor * res = ggml_get_rows(ctx, ggml_mul_mat(ctx, W->get("out.weight"), weaver_norm(ctx, x, W->get("norm.weight"), W->eps)), sel);
+    ggml_tensor * res = ggml_get_rows(ctx, weaver_q_out(ctx, W, x), sel);
     ggml_set_output(res);                                                                // [r, n_paths]
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
     ggml_build_forward_expand(gf, res);
@@ -1245,4 +1325,147 @@ int32_t tfm_weaver_q(tfm_weaver * W, int32_t n_drafts, const float * h_target, c
     }
     const int32_t r = tfm_weaver_prefix(W, n_drafts, h_target, h_drafter);
     return r < 0 ? r : tfm_weaver_steps(W, n_paths, path_draft, path_len, step_emb, q_out);
+}
+
+int32_t tfm_weaver_nodes_begin(tfm_weaver * W, const float * h_target, const float * h_drafter, int32_t max_nodes) {
+    if (W == nullptr || h_target == nullptr || h_drafter == nullptr || max_nodes < 1) {
+        return -1;
+    }
+    W->nodes_ok = false;
+    const int32_t r = tfm_weaver_prefix(W, 1, h_target, h_drafter);
+    if (r < 0) {
+        return r;
+    }
+    if (max_nodes != W->max_nodes) {  // the store: keys [hd*H, S] and values [W, S] a layer, zeroed once
+        W->free_nodes();
+        const int64_t S = (int64_t) max_nodes + TFM_WEAVER_PAD;
+        ggml_init_params pp = {(size_t) (2 * W->layers + 1) * ggml_tensor_overhead(), nullptr, true};
+        if ((W->ctx_n = ggml_init(pp)) == nullptr) {
+            return -2;
+        }
+        for (int32_t l = 0; l < W->layers; ++l) {
+            W->kn.push_back(ggml_new_tensor_2d(W->ctx_n, GGML_TYPE_F32, W->width, S));
+            W->vn.push_back(ggml_new_tensor_2d(W->ctx_n, GGML_TYPE_F32, W->width, S));
+        }
+        if ((W->buf_n = ggml_backend_alloc_ctx_tensors(W->ctx_n, W->backend)) == nullptr) {
+            W->free_nodes();
+            return -2;
+        }
+        // rows of no node are masked out, but a masked score times a NaN is still NaN
+        ggml_backend_buffer_clear(W->buf_n, 0);
+        W->max_nodes = max_nodes;
+    }
+    W->n_nodes = 0;
+    W->node_parent.clear();
+    W->node_depth.clear();
+    W->nodes_gen = W->prefix_gen;
+    W->nodes_ok = true;
+    return 0;
+}
+
+namespace {
+
+// the graph of R rows over the prefix and the node store (built once per R and store; its own allocator)
+tfm_weaver_node_graph * weaver_node_graph(tfm_weaver * W, int32_t R) {
+    auto it = W->node_graphs.find(R);
+    if (it != W->node_graphs.end()) {
+        return it->second.get();
+    }
+    const int32_t D = W->depth, Wd = W->width, H = W->heads, hd = Wd / H, P = 1 + D;
+    const int64_t S = (int64_t) W->max_nodes + TFM_WEAVER_PAD, Tk = P + S;
+    const size_t n_nodes = 32 + 64 * (size_t) W->layers;
+    auto g = std::make_unique<tfm_weaver_node_graph>();
+    ggml_init_params params = {n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
+    if ((g->ctx = ggml_init(params)) == nullptr) {
+        return nullptr;
+    }
+    ggml_context * ctx = g->ctx;
+    g->se   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W->target_hidden, R);
+    g->pos  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, R);
+    g->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Tk, R);
+    g->idx  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, R);
+    for (ggml_tensor * t : {g->se, g->pos, g->mask, g->idx}) {
+        ggml_set_input(t);
+    }
+    ggml_tensor * x = weaver_step_in(ctx, W, g->se);
+    for (int32_t l = 0; l < W->layers; ++l) {
+        ggml_tensor * q, * ks, * vs;
+        weaver_qkv(ctx, W, l, x, g->pos, q, ks, vs);
+        // the rows' keys and values into their store rows, then attention over the prefix and the store
+        ggml_tensor * kn = ggml_set_rows(ctx, W->kn[l], ggml_reshape_2d(ctx, ks, Wd, R), g->idx);
+        ggml_tensor * vn = ggml_set_rows(ctx, W->vn[l], vs, g->idx);
+        ggml_tensor * k  = ggml_concat(ctx, W->kp[l], ggml_reshape_3d(ctx, kn, hd, H, S), 2);   // [hd, H, Tk]
+        ggml_tensor * v  = ggml_concat(ctx, W->vp[l], vn, 1);                                   // [Wd, Tk]
+        x = weaver_attend_mlp(ctx, W, l, x, q, k, v, g->mask);
+    }
+    g->res = weaver_q_out(ctx, W, x);                                                         // [r, R]
+    ggml_set_output(g->res);
+    g->gf = ggml_new_graph_custom(ctx, n_nodes, false);
+    ggml_build_forward_expand(g->gf, g->res);
+    g->galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(W->backend));
+    if (g->galloc == nullptr || !ggml_gallocr_alloc_graph(g->galloc, g->gf)) {
+        return nullptr;
+    }
+    return (W->node_graphs[R] = std::move(g)).get();
+}
+
+} // namespace
+
+int32_t tfm_weaver_nodes_add(tfm_weaver * W, int32_t n, const int32_t * parent, const float * step_emb, float * q_out) {
+    if (W == nullptr || !W->nodes_ok || !W->prefix_ok || W->n_drafts != 1 || W->nodes_gen != W->prefix_gen ||
+        n < 1 || parent == nullptr || step_emb == nullptr || q_out == nullptr || W->n_nodes + n > W->max_nodes) {
+        return -1;
+    }
+    const int32_t N0 = W->n_nodes, D = W->depth, P = 1 + D;
+    std::vector<int32_t> par(W->node_parent), dep(W->node_depth);  // with this call's nodes
+    for (int32_t i = 0; i < n; ++i) {  // a parent before the node, a path of at most D steps
+        if (parent[i] < -1 || parent[i] >= N0 + i) {
+            return -1;
+        }
+        par.push_back(parent[i]);
+        dep.push_back(parent[i] < 0 ? 0 : dep[parent[i]] + 1);
+        if (dep.back() >= D) {
+            return -1;
+        }
+    }
+    const int32_t R = n <= TFM_WEAVER_PAD ? (int32_t) 1 << (int32_t) std::ceil(std::log2((double) n)) : n;
+    tfm_weaver_node_graph * g = weaver_node_graph(W, R);
+    if (g == nullptr) {
+        return -2;
+    }
+    const int64_t S = (int64_t) W->max_nodes + TFM_WEAVER_PAD, Tk = P + S;
+    std::vector<int32_t> pos(R, 1);
+    std::vector<int64_t> idx(R);
+    std::vector<ggml_fp16_t> m((size_t) Tk * R, ggml_fp32_to_fp16(-INFINITY));
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+    for (int32_t r = 0; r < R; ++r) {
+        ggml_fp16_t * row = m.data() + (size_t) r * Tk;
+        for (int32_t c = 0; c < P; ++c) {
+            row[c] = zero;                                   // the draft's prefix
+        }
+        if (r < n) {
+            const int32_t v = N0 + r;
+            pos[r] = dep[v] + 1;
+            idx[r] = v;
+            for (int32_t a = v; a >= 0; a = par[a]) {
+                row[P + a] = zero;                           // the node and its ancestors
+            }
+        } else {
+            idx[r] = W->max_nodes + r;                       // a padded row: a scratch row of its own
+        }
+    }
+    std::vector<float> se((size_t) W->target_hidden * R, 0.0f);
+    std::memcpy(se.data(), step_emb, sizeof(float) * (size_t) W->target_hidden * n);
+    ggml_backend_tensor_set(g->se, se.data(), 0, ggml_nbytes(g->se));
+    ggml_backend_tensor_set(g->pos, pos.data(), 0, ggml_nbytes(g->pos));
+    ggml_backend_tensor_set(g->mask, m.data(), 0, ggml_nbytes(g->mask));
+    ggml_backend_tensor_set(g->idx, idx.data(), 0, ggml_nbytes(g->idx));
+    if (ggml_backend_graph_compute(W->backend, g->gf) != GGML_STATUS_SUCCESS) {
+        return -3;
+    }
+    ggml_backend_tensor_get(g->res, q_out, 0, sizeof(float) * (size_t) W->rank * n);
+    W->node_parent.swap(par);
+    W->node_depth.swap(dep);
+    W->n_nodes = N0 + n;
+    return n;
 }

@@ -130,7 +130,7 @@ LLAMA_API uint64_t tfm_sample_key(uint64_t seed, int64_t pos);
 // the context has no backends). Counted reuses: llama_perf_context(ctx).n_reused.
 LLAMA_API bool tfm_context_keep_graphs(struct llama_context * ctx, bool on);
 
-// The Weaver (Trees from Marginals; API versions 12, 13). tfm_weaver_load reads a Weaver GGUF (architecture
+// The Weaver (Trees from Marginals; API versions 12, 13, 14). tfm_weaver_load reads a Weaver GGUF (architecture
 // tfm-weaver, tfm_convert.weaver_gguf) onto the CPU (device 0, n_threads threads) or the first GPU
 // (device 1), every tensor but the codes table; NULL for a missing or malformed file or no such device.
 // tfm_weaver_shape writes its 9 sizes (target_hidden, drafter_hidden, depth, top_k, width, layers,
@@ -156,6 +156,22 @@ LLAMA_API int32_t tfm_weaver_q(struct tfm_weaver * w, int32_t n_drafts, const fl
 LLAMA_API int32_t tfm_weaver_prefix(struct tfm_weaver * w, int32_t n_drafts, const float * h_target, const float * h_drafter);
 LLAMA_API int32_t tfm_weaver_steps(struct tfm_weaver * w, int32_t n_paths, const int32_t * path_draft,
                                    const int32_t * path_len, const float * step_emb, float * q_out);
+
+// One draft's tree node by node (API version 14): tfm_weaver_nodes_begin computes and keeps the draft's
+// prefix (tfm_weaver_prefix of one draft; h_target [target_hidden], h_drafter [depth, drafter_hidden])
+// and empties a store of max_nodes nodes; tfm_weaver_nodes_add appends n nodes, node i a child of
+// parent[i] (an earlier node of this tree, this call's included, or -1: a step after the prefix alone,
+// the tree's root token), step_emb [n, target_hidden] the target's embeddings of their tokens, and
+// writes each node's q [n, rank] into q_out. A node attends to the prefix, its ancestors and itself,
+// at RoPE position depth + 1 (the root's 1), so its q is tfm_weaver_steps' q of the path ending at it;
+// each node's keys and values are kept, so a call computes its own n rows only (the heap's rounds
+// before cost a whole path each), in a graph kept for each padded row count (a power of two up to 16).
+// Returns n; -1 on bad arguments (no tree begun, its prefix replaced since by tfm_weaver_prefix or
+// tfm_weaver_q, the store full, a parent out of range, a path longer than depth), -2 / -3 as above.
+LLAMA_API int32_t tfm_weaver_nodes_begin(struct tfm_weaver * w, const float * h_target, const float * h_drafter,
+                                         int32_t max_nodes);
+LLAMA_API int32_t tfm_weaver_nodes_add(struct tfm_weaver * w, int32_t n, const int32_t * parent, const float * step_emb,
+                                       float * q_out);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,8 @@ candidates' scores from its codes table on the host.
 One call scores the candidates of the next depth for a batch of paths (a round of the w-wide heap):
 the backend computes q ``[n_paths, rank]`` from the draft's prefix (the target's final hidden state,
 the drafter's block states; its keys and values computed once a tree and kept on the backend) and each
-path's steps (the target's embeddings of the root and the path's tokens); the host adds ``codes[c] · q``
+path's steps (the target's embeddings of the root and the path's tokens; each path's keys and values
+kept too, so that a round computes one row a new path: ``Weaver.nodes_add``); the host adds ``codes[c] · q``
 to the drafter's logit of each candidate c (K rows of the table).
 ``TfmDrafter`` is what a "tfm" or "dartree" step holds (``step.DraftShape.weaver``). The reference model,
 its training and the trees it drives: ``tfm_local/train/weaver.py``, ``weaver_fit.py``, ``weaver_eval.py``.
@@ -44,6 +45,7 @@ class Weaver:
         self._w = native.weaver_load(str(path), 0 if device == "cpu" else 1, n_threads or os.cpu_count() or 1)
         self.shape = native.weaver_shape(self._w)
         self._owner: weakref.ref | None = None  # whose prefix the backend keeps (``steps``)
+        self._tree: weakref.ref | None = None   # whose node store it keeps (``nodes_begin``)
 
     def q(self, h_target: np.ndarray, h_drafter: np.ndarray, path_draft: np.ndarray, path_len: np.ndarray,
           step_emb: np.ndarray) -> np.ndarray:
@@ -56,7 +58,7 @@ class Weaver:
         Raises:
             ValueError: shapes that do not fit the Weaver or each other.
         """
-        self._owner = None
+        self._owner = self._tree = None
         return native.weaver_q(self._w, self.shape, h_target, h_drafter, path_draft, path_len, step_emb)
 
     def steps(self, owner: object, h_target: np.ndarray, h_drafter: np.ndarray, path_len: np.ndarray,
@@ -67,10 +69,28 @@ class Weaver:
         only its paths' steps (``tfm_weaver_prefix`` / ``tfm_weaver_steps``). path_len and step_emb as
         in ``q``. Raises ValueError for shapes that do not fit."""
         if self._owner is None or self._owner() is not owner:
-            self._owner = None
+            self._owner = self._tree = None
             native.weaver_prefix(self._w, self.shape, np.asarray(h_target)[None], np.asarray(h_drafter)[None])
             self._owner = weakref.ref(owner)  # not a strong reference: no cycle through the owner's .w
         return native.weaver_steps(self._w, self.shape, np.zeros(len(path_len), np.int32), path_len, step_emb)
+
+    def nodes_begin(self, owner: object, h_target: np.ndarray, h_drafter: np.ndarray, max_nodes: int) -> None:
+        """Begin one draft's tree node by node for ``owner`` (its scorer): the prefix (h_target
+        ``[target_hidden]``, h_drafter ``[depth, drafter_hidden]``) and an empty store of ``max_nodes``
+        nodes on the backend (``tfm_weaver_nodes_begin``). Raises ValueError for shapes that do not fit."""
+        self._owner = self._tree = None
+        native.weaver_nodes_begin(self._w, self.shape, h_target, h_drafter, max_nodes)
+        self._tree = weakref.ref(owner)
+
+    def nodes_add(self, owner: object, parent: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
+        """q ``[n, rank]`` float32 of ``n`` new nodes of ``owner``'s tree: parent int ``[n]`` (an earlier node
+        index, these included, -1 for the root step), step_emb ``[n, target_hidden]`` (``tfm_weaver_nodes_add``:
+        each node's keys and values are kept, so a round computes its new nodes only).
+        Raises RuntimeError when another tree (or ``q`` / ``steps``) took the backend since ``owner``'s
+        ``nodes_begin``, ValueError for inputs that do not fit or a full store."""
+        if self._tree is None or self._tree() is not owner:
+            raise RuntimeError("the Weaver's node store belongs to another tree: call nodes_begin first")
+        return native.weaver_nodes_add(self._w, self.shape, parent, step_emb)
 
     def scores(self, q: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray) -> np.ndarray:
         """Corrected logits ``[n_paths, K]``: ``cand_logit + codes[cand] · q`` (cand int ``[n_paths, K]``)."""
@@ -78,7 +98,7 @@ class Weaver:
 
     def close(self) -> None:
         """Free the backend's copy (idempotent)."""
-        self._w = self._owner = None
+        self._w = self._owner = self._tree = None
 
 
 class TargetEmbeddings:
@@ -136,19 +156,47 @@ class WeaverPaths:
         weaver: the loaded Weaver. embed: ``TargetEmbeddings`` of its target. root: the last emitted token.
         h_target: float32 ``[target_hidden]``; h_drafter: ``[depth, drafter_hidden]`` (module doc).
         cand: int ``[depth, K]`` the drafter's candidates; cand_logit: float ``[depth, K]`` their logits.
+        capacity: the most paths (the root's included) the tree will score: each becomes a node whose keys
+            and values the backend keeps, so a round computes one row a new path
+            (``Weaver.nodes_add``); None, or more paths than that, computes every path's steps each round
+            (``Weaver.steps``).
     """
 
     def __init__(self, weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.ndarray,
-                 h_drafter: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray):
+                 h_drafter: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray, capacity: int | None = None):
         self.w, self.embed, self.root = weaver, embed, int(root)
         self.ht, self.hd = np.asarray(h_target, np.float32), np.asarray(h_drafter, np.float32)
         self.cand, self.logit = np.asarray(cand), np.asarray(cand_logit, np.float32)
+        self.capacity = capacity
+        self._node: dict[tuple[int, ...], int] | None = None  # path -> node index in the backend's store
+        self._q: list[np.ndarray] = []                        # q of each node
+
+    def _token(self, path: tuple[int, ...]) -> int:
+        return self.root if not path else int(self.cand[len(path) - 1, path[-1]])
+
+    def _node_q(self, paths: list[tuple[int, ...]]) -> np.ndarray | None:
+        """q ``[n_paths, rank]`` from the node store (the paths and their prefixes added as nodes, parents
+        first), or None when they would not fit its capacity (the caller then computes steps)."""
+        if self._node is None:
+            self.w.nodes_begin(self, self.ht, self.hd, self.capacity)
+            self._node = {}
+        new = sorted({p[:j] for p in paths for j in range(len(p) + 1)} - self._node.keys(), key=len)
+        if len(self._node) + len(new) > self.capacity:
+            return None
+        if new:
+            index = {p: len(self._node) + i for i, p in enumerate(new)}
+            parent = [-1 if not p else self._node.get(p[:-1], index.get(p[:-1])) for p in new]
+            self._q.extend(self.w.nodes_add(self, np.array(parent), self.embed([self._token(p) for p in new])))
+            self._node.update(index)
+        return np.stack([self._q[self._node[p]] for p in paths])
 
     def __call__(self, paths: list[tuple[int, ...]]) -> np.ndarray:
-        ids = [t for p in paths for t in [self.root] + [int(self.cand[d, k]) for d, k in enumerate(p)]]
-        lens = np.array([len(p) + 1 for p in paths])
-        q = self.w.steps(self, self.ht, self.hd, lens, self.embed(ids))
-        depth = lens - 1
+        q = self._node_q(paths) if self.capacity else None
+        if q is None:
+            self.capacity = None  # past the store's capacity: every path's steps from here on
+            ids = [t for p in paths for t in [self.root] + [int(self.cand[d, k]) for d, k in enumerate(p)]]
+            q = self.w.steps(self, self.ht, self.hd, np.array([len(p) + 1 for p in paths]), self.embed(ids))
+        depth = np.array([len(p) for p in paths])
         z = self.w.scores(q, self.cand[depth], self.logit[depth]).astype(np.float64)
         m = z.max(1, keepdims=True)
         return z - (m + np.log(np.exp(z - m).sum(1, keepdims=True)))
@@ -159,7 +207,7 @@ def tfm_tree(weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.nd
              children: int = 8) -> Tree:
     """A TfM tree of ``budget`` drafted nodes for one draft (``tree.build_tfm`` with ``WeaverPaths``);
     ``width`` None = ⌈budget/16⌉ (the paper's)."""
-    score = WeaverPaths(weaver, embed, root, h_target, h_drafter, cand, cand_logit)
+    score = WeaverPaths(weaver, embed, root, h_target, h_drafter, cand, cand_logit, capacity=budget + 1)
     return build_tfm(root, np.asarray(cand), budget, score, width or -(-budget // 16), children)
 
 
@@ -253,5 +301,6 @@ class TfmDrafter:
         """The DARTree tree of ``budget`` drafted nodes with the Weaver as its correction head
         (``tree.build_dartree``: ``width`` live branches a depth, one Weaver call a depth, depth bonus
         ``beta``; the paper's defaults)."""
-        score = WeaverPaths(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp)
+        score = WeaverPaths(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp,
+                            capacity=1 + width * len(cand))
         return build_dartree(root, np.asarray(cand), budget, score, width, beta)

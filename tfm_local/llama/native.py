@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 13
+API_VERSION = 14
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -45,6 +45,8 @@ int32_t tfm_weaver_q(void * w, int32_t n_drafts, const float * h_target, const f
 int32_t tfm_weaver_prefix(void * w, int32_t n_drafts, const float * h_target, const float * h_drafter);
 int32_t tfm_weaver_steps(void * w, int32_t n_paths, const int32_t * path_draft, const int32_t * path_len,
                          const float * step_emb, float * q_out);
+int32_t tfm_weaver_nodes_begin(void * w, const float * h_target, const float * h_drafter, int32_t max_nodes);
+int32_t tfm_weaver_nodes_add(void * w, int32_t n, const int32_t * parent, const float * step_emb, float * q_out);
 void tfm_test_op_set_fparams(const float * p, int32_t n);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
@@ -543,4 +545,43 @@ def weaver_steps(w, shape: dict, path_draft: np.ndarray, path_len: np.ndarray, s
         raise ValueError("tfm_weaver_steps refused its inputs (no prefix kept, or a path's draft or length out of range)")
     if r < 0:
         raise NativeError(f"tfm_weaver_steps failed ({r})")
+    return out
+
+
+def weaver_nodes_begin(w, shape: dict, h_target: np.ndarray, h_drafter: np.ndarray, max_nodes: int) -> None:
+    """Begin one draft's tree node by node (``tfm_weaver_nodes_begin``): its prefix (h_target
+    ``[target_hidden]``, h_drafter ``[depth, drafter_hidden]`` float32) computed and kept, and a store of
+    ``max_nodes`` nodes emptied; ``shape`` the Weaver's. ValueError for inputs that do not fit,
+    NativeError when the backend fails."""
+    ffi, h = lib()
+    ht, hd = _prefix_inputs(shape, np.asarray(h_target)[None], np.asarray(h_drafter)[None])
+    if int(max_nodes) < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+    r = h.tfm_weaver_nodes_begin(w, ffi.cast("float *", ht.ctypes.data), ffi.cast("float *", hd.ctypes.data),
+                                 int(max_nodes))
+    if r == -1:
+        raise ValueError("tfm_weaver_nodes_begin refused its inputs")
+    if r < 0:
+        raise NativeError(f"tfm_weaver_nodes_begin failed ({r})")
+
+
+def weaver_nodes_add(w, shape: dict, parent: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
+    """q ``[n, rank]`` float32 of ``n`` new nodes of the tree begun by ``weaver_nodes_begin``
+    (``tfm_weaver_nodes_add``): parent int ``[n]`` (an earlier node, these included, or -1 for the root
+    step), step_emb float32 ``[n, target_hidden]``. Raises ValueError for inputs that do not fit or that
+    the library refuses (no tree begun or its prefix replaced, the store full, a parent out of range, a
+    path longer than the depth), NativeError when the backend fails."""
+    ffi, h = lib()
+    par = np.ascontiguousarray(parent, dtype=np.int32)
+    se = np.ascontiguousarray(step_emb, dtype=np.float32)
+    if par.ndim != 1 or len(par) < 1 or se.shape != (len(par), shape["target_hidden"]):
+        raise ValueError(f"{par.shape} parents and step rows of shape {se.shape} (want [n, {shape['target_hidden']}])")
+    out = np.empty((len(par), shape["rank"]), dtype=np.float32)
+    r = h.tfm_weaver_nodes_add(w, len(par), ffi.cast("int32_t *", par.ctypes.data), ffi.cast("float *", se.ctypes.data),
+                               ffi.cast("float *", out.ctypes.data))
+    if r == -1:
+        raise ValueError("tfm_weaver_nodes_add refused its inputs (no tree begun or its prefix replaced, the store "
+                         "full, a parent out of range, or a path longer than the depth)")
+    if r < 0:
+        raise NativeError(f"tfm_weaver_nodes_add failed ({r})")
     return out
