@@ -902,6 +902,46 @@ struct tfm_weaver_node_graph {
     }
 };
 
+// keys and values of every layer in a context and backend buffer of their own (a draft's prefix, a tree's
+// node store): k[l] of shape k_ne, v[l] of shape v_ne, F32
+struct tfm_weaver_kv {
+    ggml_context *             ctx = nullptr;
+    ggml_backend_buffer_t      buf = nullptr;
+    std::vector<ggml_tensor *> k, v;
+
+    bool alloc(ggml_backend_t backend, int32_t layers, const std::vector<int64_t> & k_ne, const std::vector<int64_t> & v_ne) {
+        free();
+        ggml_init_params pp = {(size_t) (2 * layers + 1) * ggml_tensor_overhead(), nullptr, true};
+        if ((ctx = ggml_init(pp)) == nullptr) {
+            return false;
+        }
+        for (int32_t l = 0; l < layers; ++l) {
+            k.push_back(ggml_new_tensor(ctx, GGML_TYPE_F32, (int) k_ne.size(), k_ne.data()));
+            v.push_back(ggml_new_tensor(ctx, GGML_TYPE_F32, (int) v_ne.size(), v_ne.data()));
+        }
+        if ((buf = ggml_backend_alloc_ctx_tensors(ctx, backend)) == nullptr) {
+            free();
+            return false;
+        }
+        return true;
+    }
+
+    void free() {
+        if (buf != nullptr) {
+            ggml_backend_buffer_free(buf);
+        }
+        if (ctx != nullptr) {
+            ggml_free(ctx);
+        }
+        buf = nullptr;
+        ctx = nullptr;
+        k.clear();
+        v.clear();
+    }
+
+    ~tfm_weaver_kv() { free(); }
+};
+
 struct tfm_weaver {
     int32_t target_hidden = 0, drafter_hidden = 0, depth = 0, top_k = 0, width = 0, layers = 0, heads = 0,
             ffn = 0, rank = 0;
@@ -914,9 +954,7 @@ struct tfm_weaver {
     // the prefix's keys and values of every layer (tfm_weaver_prefix), kept for the rounds of a tree
     int32_t                     n_drafts = 0;
     bool                        prefix_ok = false;  // the kept keys and values are a complete prefix
-    ggml_context *              ctx_p    = nullptr;
-    ggml_backend_buffer_t       buf_p    = nullptr;
-    std::vector<ggml_tensor *>  kp, vp;
+    tfm_weaver_kv               pkv;     // [hd, H, P] and [W, P] a layer
     uint64_t                    prefix_gen = 0;  // counts the prefixes computed (a node store belongs to one)
     // one draft's tree node by node (tfm_weaver_nodes_begin / tfm_weaver_nodes_add): each node's keys and
     // values of every layer in a store of max_nodes rows (+ TFM_WEAVER_PAD scratch rows for the padded
@@ -925,23 +963,12 @@ struct tfm_weaver {
     bool                        nodes_ok = false;
     uint64_t                    nodes_gen = 0;   // prefix_gen of the store's prefix
     std::vector<int32_t>        node_parent, node_depth;
-    ggml_context *              ctx_n = nullptr;
-    ggml_backend_buffer_t       buf_n = nullptr;
-    std::vector<ggml_tensor *>  kn, vn;
+    tfm_weaver_kv               nkv;     // [W, S] and [W, S] a layer
     std::map<int32_t, std::unique_ptr<tfm_weaver_node_graph>> node_graphs;
 
     void free_nodes() {
         node_graphs.clear();
-        if (buf_n != nullptr) {
-            ggml_backend_buffer_free(buf_n);
-        }
-        if (ctx_n != nullptr) {
-            ggml_free(ctx_n);
-        }
-        buf_n = nullptr;
-        ctx_n = nullptr;
-        kn.clear();
-        vn.clear();
+        nkv.free();
         max_nodes = n_nodes = 0;
         nodes_ok = false;
         node_parent.clear();
@@ -950,16 +977,7 @@ struct tfm_weaver {
 
     void free_prefix() {
         node_graphs.clear();  // they read the prefix's tensors
-        if (buf_p != nullptr) {
-            ggml_backend_buffer_free(buf_p);
-        }
-        if (ctx_p != nullptr) {
-            ggml_free(ctx_p);
-        }
-        buf_p = nullptr;
-        ctx_p = nullptr;
-        kp.clear();
-        vp.clear();
+        pkv.free();
         n_drafts = 0;
         prefix_ok = false;
     }
@@ -1176,16 +1194,7 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
     W->prefix_ok = false;  // until this prefix is computed
     if (n_drafts != W->n_drafts) {  // the kept keys and values: [hd, H, P] and [Wd, P] a layer
         W->free_prefix();
-        ggml_init_params pp = {(size_t) (2 * W->layers + 1) * ggml_tensor_overhead(), nullptr, true};
-        if ((W->ctx_p = ggml_init(pp)) == nullptr) {
-            return -2;
-        }
-        for (int32_t l = 0; l < W->layers; ++l) {
-            W->kp.push_back(ggml_new_tensor_3d(W->ctx_p, GGML_TYPE_F32, hd, H, P));
-            W->vp.push_back(ggml_new_tensor_2d(W->ctx_p, GGML_TYPE_F32, Wd, P));
-        }
-        if ((W->buf_p = ggml_backend_alloc_ctx_tensors(W->ctx_p, W->backend)) == nullptr) {
-            W->free_prefix();
+        if (!W->pkv.alloc(W->backend, W->layers, {hd, H, P}, {Wd, P})) {
             return -2;
         }
         W->n_drafts = n_drafts;
@@ -1211,8 +1220,8 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
         auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
         ggml_tensor * p  = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
         ggml_tensor * kp = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, kp, W->kp[l]));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_mul_mat(ctx, L("v"), p), W->vp[l]));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, kp, W->pkv.k[l]));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_mul_mat(ctx, L("v"), p), W->pkv.v[l]));
     }
     if (!ggml_gallocr_alloc_graph(W->galloc, gf)) {
         return -2;
@@ -1267,8 +1276,8 @@ int32_t tfm_weaver_steps(tfm_weaver * W, int32_t n_paths, const int32_t * path_d
     for (int32_t l = 0; l < W->layers; ++l) {
         ggml_tensor * q, * ks, * vs;
         weaver_qkv(ctx, W, l, x, pos_s, q, ks, vs);
-        ggml_tensor * k = ggml_concat(ctx, W->kp[l], ks, 2);                            // [hd, H, Tk]
-        ggml_tensor * v = ggml_concat(ctx, W->vp[l], vs, 1);                            // [Wd, Tk]
+        ggml_tensor * k = ggml_concat(ctx, W->pkv.k[l], ks, 2);                            // [hd, H, Tk]
+        ggml_tensor * v = ggml_concat(ctx, W->pkv.v[l], vs, 1);                            // [Wd, Tk]
         x = weaver_attend_mlp(ctx, W, l, x, q, k, v, mask);
     }
     ggml_tensor * res = ggml_get_rows(ctx, weaver_q_out(ctx, W, x), sel);
@@ -1339,20 +1348,11 @@ int32_t tfm_weaver_nodes_begin(tfm_weaver * W, const float * h_target, const flo
     if (max_nodes != W->max_nodes) {  // the store: keys [hd*H, S] and values [W, S] a layer, zeroed once
         W->free_nodes();
         const int64_t S = (int64_t) max_nodes + TFM_WEAVER_PAD;
-        ggml_init_params pp = {(size_t) (2 * W->layers + 1) * ggml_tensor_overhead(), nullptr, true};
-        if ((W->ctx_n = ggml_init(pp)) == nullptr) {
-            return -2;
-        }
-        for (int32_t l = 0; l < W->layers; ++l) {
-            W->kn.push_back(ggml_new_tensor_2d(W->ctx_n, GGML_TYPE_F32, W->width, S));
-            W->vn.push_back(ggml_new_tensor_2d(W->ctx_n, GGML_TYPE_F32, W->width, S));
-        }
-        if ((W->buf_n = ggml_backend_alloc_ctx_tensors(W->ctx_n, W->backend)) == nullptr) {
-            W->free_nodes();
+        if (!W->nkv.alloc(W->backend, W->layers, {W->width, S}, {W->width, S})) {
             return -2;
         }
         // rows of no node are masked out, but a masked score times a NaN is still NaN
-        ggml_backend_buffer_clear(W->buf_n, 0);
+        ggml_backend_buffer_clear(W->nkv.buf, 0);
         W->max_nodes = max_nodes;
     }
     W->n_nodes = 0;
@@ -1392,10 +1392,10 @@ tfm_weaver_node_graph * weaver_node_graph(tfm_weaver * W, int32_t R) {
         ggml_tensor * q, * ks, * vs;
         weaver_qkv(ctx, W, l, x, g->pos, q, ks, vs);
         // the rows' keys and values into their store rows, then attention over the prefix and the store
-        ggml_tensor * kn = ggml_set_rows(ctx, W->kn[l], ggml_reshape_2d(ctx, ks, Wd, R), g->idx);
-        ggml_tensor * vn = ggml_set_rows(ctx, W->vn[l], vs, g->idx);
-        ggml_tensor * k  = ggml_concat(ctx, W->kp[l], ggml_reshape_3d(ctx, kn, hd, H, S), 2);   // [hd, H, Tk]
-        ggml_tensor * v  = ggml_concat(ctx, W->vp[l], vn, 1);                                   // [Wd, Tk]
+        ggml_tensor * kn = ggml_set_rows(ctx, W->nkv.k[l], ggml_reshape_2d(ctx, ks, Wd, R), g->idx);
+        ggml_tensor * vn = ggml_set_rows(ctx, W->nkv.v[l], vs, g->idx);
+        ggml_tensor * k  = ggml_concat(ctx, W->pkv.k[l], ggml_reshape_3d(ctx, kn, hd, H, S), 2);   // [hd, H, Tk]
+        ggml_tensor * v  = ggml_concat(ctx, W->pkv.v[l], vn, 1);                                   // [Wd, Tk]
         x = weaver_attend_mlp(ctx, W, l, x, q, k, v, g->mask);
     }
     g->res = weaver_q_out(ctx, W, x);                                                         // [r, R]

@@ -389,14 +389,13 @@ def replot(args) -> None:
 def add_speedups(table: list[dict]) -> None:
     """Set each row's ``speedup``: its tokens/s over plain decoding's on the same set with the same sampling,
     and ``vs_greedy``: over plain greedy decoding's on the same set (None without such a plain row)."""
-    base = {(r["set"], r.get("sampling", "greedy")): r["tokens_per_s"] for r in table if r["mode"] == "plain"}
-    e2e = {(r["set"], r.get("sampling", "greedy")): r.get("tokens_per_s_e2e") for r in table if r["mode"] == "plain"}
+    plain = {(r["set"], r.get("sampling", "greedy")): r for r in table if r["mode"] == "plain"}
     for r in table:
-        b, g = base.get((r["set"], r.get("sampling", "greedy"))), base.get((r["set"], "greedy"))
+        p, g = plain.get((r["set"], r.get("sampling", "greedy")), {}), plain.get((r["set"], "greedy"), {})
+        b, b2, bg = p.get("tokens_per_s"), p.get("tokens_per_s_e2e"), g.get("tokens_per_s")
         r["speedup"] = r["tokens_per_s"] / b if b else None
-        b2 = e2e.get((r["set"], r.get("sampling", "greedy")))
         r["speedup_e2e"] = r["tokens_per_s_e2e"] / b2 if b2 and r.get("tokens_per_s_e2e") else None
-        r["vs_greedy"] = r["tokens_per_s"] / g if g else None
+        r["vs_greedy"] = r["tokens_per_s"] / bg if bg else None
 
 
 def print_table(table: list[dict]) -> None:

@@ -75,8 +75,8 @@ cost (``probe_gain``), so where probing pays the probes follow the doubling sche
 the gap still stops growing at ``probe_cap`` steps, so the drafter is re-probed
 eventually. On a GPU a probe due within a generation comes at its first step, with the
 prompt's features captured in the prefill instead of a warm-up, and the steps it came
-early are added to the next gap (``probe_at_start``). The first cycle of a process is a warm-up (the drafter's first
-pass, CUDA graphs of new shapes: 27.7 ms on the H200 against ~5 ms from its
+early are added to the next gap (``probe_at_start``). The first cycle of a process is
+a warm-up (the drafter's first pass, CUDA graphs of new shapes: 27.7 ms on the H200 against ~5 ms from its
 parts) and does not space the probes; the second cycle's cost replaces it.
 """
 from __future__ import annotations
@@ -339,8 +339,7 @@ class AutoBudget:
         size_keep: speculation under way keeps its budget while it is predicted at this factor of the best
             budget's rate or better (1.0: always the best), so that the pass keeps its shape.
         probe_gain: seconds that speculation saved between two probes (against plain steps emitting the
-            same tokens; negative when it lost), running mean over probe cycles (weight ``alpha_probe``)
-            from 0. The probe spacing's floor is the cycle's cost net of it (``_spacing``): probes that
+            same tokens), running mean over probe cycles (weight ``alpha_probe``) from 0. The probe spacing's floor is the cycle's cost net of it (``_spacing``): probes that
             start speculation worth more than they cost come on the doubling schedule, so a set where
             the drafter pays on some prompts and not on others gets re-probed every few prompts. With
             the floor from the cost alone (0.5% of plain time) a probe cycle of ~20 ms spaced the probes
@@ -580,8 +579,8 @@ class AutoBudget:
 
     def _spacing(self, doubled: int) -> int:
         """Plain steps before the next probe: the doubling schedule (``probe_min`` .. ``probe_max``), at
-        least what keeps probing within ``overhead`` of plain time, the cycle's cost net of what the
-        speculation that probes started saved (``probe_gain``), at most ``probe_cap``."""
+        least what keeps probing within ``overhead`` of plain time, the cycle's cost net of what
+        speculation saved since the last probe (``probe_gain``), at most ``probe_cap``."""
         n = min(max(doubled, self.probe_min), self.probe_max)
         c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
         if self.probe_cost is not None and c1 and self._n_cycles >= 2:  # the first cycle is a warm-up

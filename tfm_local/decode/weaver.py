@@ -172,6 +172,7 @@ class WeaverPaths:
         self._q: list[np.ndarray] = []                        # q of each node
 
     def _token(self, path: tuple[int, ...]) -> int:
+        """The token of a path's last step: the root's for ``()``, else its last candidate's."""
         return self.root if not path else int(self.cand[len(path) - 1, path[-1]])
 
     def _node_q(self, paths: list[tuple[int, ...]]) -> np.ndarray | None:
@@ -194,7 +195,7 @@ class WeaverPaths:
         q = self._node_q(paths) if self.capacity else None
         if q is None:
             self.capacity = None  # past the store's capacity: every path's steps from here on
-            ids = [t for p in paths for t in [self.root] + [int(self.cand[d, k]) for d, k in enumerate(p)]]
+            ids = [self._token(p[:j]) for p in paths for j in range(len(p) + 1)]
             q = self.w.steps(self, self.ht, self.hd, np.array([len(p) + 1 for p in paths]), self.embed(ids))
         depth = np.array([len(p) for p in paths])
         z = self.w.scores(q, self.cand[depth], self.logit[depth]).astype(np.float64)
