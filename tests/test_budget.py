@@ -865,6 +865,8 @@ def _simulate_generations(auto: AutoBudget, kinds: list[float], length: int = 20
         total += prompt_s * cap + switch_s * (cap != capture)
         capture = cap
         auto.begin(cap)
+        if cap:
+            auto.observe_prompt(prompt_s)
         emitted, spec = 1, False
         while emitted < length:
             k = auto.choose(15, max_tokens - emitted)
@@ -977,3 +979,48 @@ def test_probe_spacing_is_net_of_what_speculation_saved_within_bounds():
     assert run(0.010)[0] == 0.0  # 100 steps that lost 0.6 s: no negative gain
     gain, cost = run(0.001)  # 0.3 s saved: capped at PROBE_OUTLIER cycles (the cycle's cost after this probe)
     assert gain == pytest.approx(0.3 * PROBE_OUTLIER * cost) and PROBE_OUTLIER * cost < 0.3
+
+
+def test_a_captured_prompt_is_priced_as_part_of_a_probe_cycle_or_of_speculation():
+    """What a captured prompt costs (``observe_prompt``: the features' read and the drafter's injection,
+    ~10 ms on the H200 against ~3 ms for a probe's own step) counts in the probe cycle it opens, and
+    against what speculation saved while speculation is under way; nothing (or a non-positive time)
+    changes nothing."""
+    from tfm_local.decode.step import StepRecord
+
+    auto = AutoBudget(costs=PassCosts())
+    auto.observe_plain(0.002)
+    auto.plain_s, auto.draft_s, auto._n_cycles = 0.002, 0.001, 2
+    auto.observe_prompt(0.0)
+    auto.observe_prompt(-1.0)
+    assert auto._cycle == 0.0 and auto._earned == 0.0
+    auto.observe_prompt(0.010)
+    assert auto._cycle == pytest.approx(0.010)
+    auto.costs.record(8, 0.004)
+    auto.costs.record(8, 0.004)
+    rec = StepRecord(pos=0, budget=7, n_nodes=8, tokens=[1, 1], curve=WEAK[:7], probe=True)
+    rec.phases["verify"], rec.phases["drafter"] = 0.004, 0.001
+    auto.observe(rec)
+    # the cycle: the prompt's 10 ms and the probe step's 5 ms beyond 2 plain tokens' 4 ms
+    assert auto.probe_cost == pytest.approx(0.011)
+    auto._spec = True
+    auto.observe_prompt(0.010)
+    assert auto._earned == pytest.approx(-0.010) and auto._cycle == 0.0
+
+
+def test_engine_prices_the_prompts_it_captures(pair):
+    """The engine reports the time of a captured prompt's features into the drafter (``observe_prompt``)
+    once per generation that captured its prompt, and never for one that did not."""
+    from tfm_local.engine import Engine
+
+    target, drafter = pair
+    with Engine(target, drafter, n_ctx=512) as e:
+        ids = e.prompt_tokens(PROMPT)
+        seen = []
+        real = e.auto.observe_prompt
+        e.auto.observe_prompt = lambda s: seen.append(s) or real(s)
+        list(e.generate_ids(ids, 8, plain_sp()))  # no statistics yet: the first generation drafts
+        assert len(seen) == 1 and seen[0] > 0
+        e.auto.plan = lambda max_tokens, k_max: False  # a generation that decodes plainly
+        list(e.generate_ids(ids, 8, plain_sp()))
+        assert len(seen) == 1

@@ -347,7 +347,16 @@ class Engine:
             set_capture(tgt, dft, captured)
             if auto is not None:
                 auto.begin(captured)
-        on_chunk = (lambda s, n: dft.inject(tgt.features(slice(0, n), n), s)) if dft and tgt.feature_layers else None
+        on_chunk = None
+        if dft is not None and tgt.feature_layers:
+            captured_s = [0.0]
+
+            def on_chunk(s: int, n: int) -> None:  # the prompt's features into the drafter, timed for the
+                tgt.ctx.synchronize()               # budget without the target's own pass
+                t = time.perf_counter()
+                dft.inject(tgt.features(slice(0, n), n), s)
+                dft.ctx.synchronize()
+                captured_s[0] += time.perf_counter() - t
         # the target's choice per row in its graph: the argmax (greedy_argmax) or the seeded draw
         if sp.greedy:
             backend = self.backend_argmax and tgt.attach_argmax(self._max_rows())
@@ -356,6 +365,8 @@ class Engine:
         last = (tgt.prefill_choice(prompt_ids, on_chunk) if backend
                 else choose(tgt.prefill(prompt_ids, on_chunk), len(prompt_ids)))
         st.t_prefill = time.perf_counter() - t0
+        if on_chunk is not None and auto is not None:
+            auto.observe_prompt(captured_s[0])
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
         yield last

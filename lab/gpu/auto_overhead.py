@@ -10,6 +10,10 @@ time per step differs most between the modes (cProfile, own time). Runs on the C
 
     python3 lab/gpu/auto_overhead.py --target ~/w/model.gguf --set humaneval -n 10 --tokens 256 \
         --mode auto --out ~/st/auto-overhead.json
+
+``--set humaneval,gsm8k`` runs the sets one after the other in one engine (the budget's state carried
+from one to the next, as in tfm-bench); each probe and each captured prompt (``observe_prompt``) is
+listed with its set.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", default="auto")
-    ap.add_argument("--set", default="humaneval")
+    ap.add_argument("--set", default="humaneval", help="prompt set, or several separated by commas")
     ap.add_argument("-n", type=int, default=10, help="prompts")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--mode", default="auto", help="auto or ddtree@auto")
@@ -43,13 +47,21 @@ def main() -> None:
     def observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw):
         was_probe = self.probing
         real_observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw)
-        probes.append(dict(probe=was_probe, n_nodes=n_nodes, verify_ms=1e3 * verify_s, draft_ms=1e3 * draft_s,
+        probes.append(dict(set=current.get("set"), probe=was_probe, n_nodes=n_nodes, verify_ms=1e3 * verify_s, draft_ms=1e3 * draft_s,
                            budget=budget, accepted=accepted, predicted=float(curve[budget - 1]),
                            ratio=self.ratio, draft_mean_ms=1e3 * self.draft_s,
                            probe_cost_ms=None if self.probe_cost is None else 1e3 * self.probe_cost,
                            probe_every=self._probe_every))
 
     budget_module.AutoBudget.observe_spec = observe_spec
+    prompts_captured = []
+    real_observe_prompt = budget_module.AutoBudget.observe_prompt
+
+    def observe_prompt(self, seconds):
+        prompts_captured.append(dict(set=current.get("set"), ms=1e3 * seconds, speculating=self._spec))
+        real_observe_prompt(self, seconds)
+
+    budget_module.AutoBudget.observe_prompt = observe_prompt
 
     import numpy as np
     import tfm_local.engine as engine_module
@@ -79,18 +91,19 @@ def main() -> None:
     engine_module.run_step = run_step
     tree = "ddtree" if a.mode.startswith("ddtree") else "chain"
     eng = Engine(a.target, a.drafter, budget="auto", tree=tree, n_threads=a.threads)
-    prompts = load_prompt_set(a.set, a.n)
+    prompts = [(name, p) for name in a.set.split(",") for p in load_prompt_set(name, a.n)]
     sp = SamplingParams()
     modes = {"plain": 0, a.mode: "auto"}
     prof = {m: cProfile.Profile() for m in modes}
     rows = {m: [] for m in modes}
-    for p in prompts[:1]:  # warm-up of both modes' shapes, untimed
+    for _, p in prompts[:1]:  # warm-up of both modes' shapes, untimed
         for m, b in modes.items():
             eng.set_budget(b)
             list(eng.generate_ids(eng.prompt_tokens(p.messages), 16, sp))
     probes.clear()
+    prompts_captured.clear()
     t0 = time.time()
-    for p in prompts:
+    for current["set"], p in prompts:
         ids = eng.prompt_tokens(p.messages)
         for m, b in modes.items():
             eng.set_budget(b)
@@ -99,9 +112,10 @@ def main() -> None:
             list(eng.generate_ids(ids, a.tokens, sp))
             prof[m].disable()
             current["mode"] = None
-            rows[m].append(eng.stats.to_dict())
+            rows[m].append(dict(eng.stats.to_dict(), set=current["set"], prompt_id=p.id))
     out = dict(command=" ".join(__import__("sys").argv), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               elapsed_s=time.time() - t0, modes={}, probes=probes)
+               elapsed_s=time.time() - t0, modes={}, probes=probes, prompts_captured=prompts_captured,
+               generations=rows)
     own = {}
     for m, rs in rows.items():
         steps = sum(r["n_steps"] for r in rs)
@@ -120,11 +134,15 @@ def main() -> None:
         print(f"{m:<14}{d['tokens_per_s']:>8.1f}{d['tokens_per_s'] / base:>9.3f}  {d['steps']:>5} {d['n_spec_steps']:>5}"
               f" {d['n_probes']:>6} {d['n_capture_steps']:>7} {d['n_switches']:>8}  "
               + " ".join(f"{v:.3f}" for v in d["ms_per_step"].values()))
-    print("\nspeculative steps (probe, nodes, verify ms, draft ms, accepted / predicted, r, probe cost ms, gap)")
-    for q in probes[:40]:
-        print(f"  {'probe' if q['probe'] else 'spec '} {q['n_nodes']:>3} {q['verify_ms']:7.2f} {q['draft_ms']:7.2f}"
+    print(f"\nprobes ({sum(q['probe'] for q in probes)} of {len(probes)} speculative steps: set, nodes, verify ms, "
+          "draft ms, accepted / predicted, r, probe cost ms, gap)")
+    for q in [q for q in probes if q["probe"]][:200]:
+        print(f"  {q['set']:<10} {'probe' if q['probe'] else 'spec '} {q['n_nodes']:>3} {q['verify_ms']:7.2f} {q['draft_ms']:7.2f}"
               f"  {q['accepted']} / {q['predicted']:.2f}  r {q['ratio']:.2f}  "
               f"{q['probe_cost_ms'] if q['probe_cost_ms'] is None else round(q['probe_cost_ms'], 2)}  {q['probe_every']}")
+    for name in dict.fromkeys(x["set"] for x in prompts_captured):
+        ms = [x["ms"] for x in prompts_captured if x["set"] == name]
+        print(f"captured prompts, {name}: {len(ms)}, median {np.median(ms):.2f} ms, max {max(ms):.2f} ms")
     kinds = {}
     base_ms = float(np.median([r[0] for r in steps_by_kind.get("plain", [[0.0]])]))
     print(f"\nsteps by kind (ms; extra = sum of t_step beyond plain decoding's median step per token)")

@@ -14,8 +14,11 @@
 #           without TFM_CUDA_GRAPH_SINGLE_KEY=1
 #   t1      the same modes and ddtree@16 at T = 1 / top-p 1, and plain greedy for the ratio
 #   div     lab/gpu/divergence.py: DDTree@64/@128 against plain greedy, and the pass spread per size
-#   prof    lab/gpu/auto_overhead.py: plain against auto on 10 HumanEval and 10 MT-Bench prompts, the
-#           probes one by one and the Python functions whose time differs
+#   prof    lab/gpu/auto_overhead.py: plain against auto on 10 HumanEval then 10 GSM8K prompts (one
+#           engine), and on 10 MT-Bench prompts: the probes one by one, the captured prompts' cost and
+#           the Python functions whose time differs
+#   capture lab/gpu/prompt_capture.py: a captured prompt's cost part by part (prefill with and without
+#           capture, the features' read, the drafter's injection whole and in power-of-two pieces)
 # Results (JSON and logs) are copied to $OUT at the end of each call.
 set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
@@ -32,7 +35,8 @@ case $stage in
   keyab) cmd="for V in '' 1; do echo == TFM_CUDA_GRAPH_SINGLE_KEY=\$V; env \${V:+TFM_CUDA_GRAPH_SINGLE_KEY=1} $B --modes plain,auto,ddtree@auto,ddtree@16 -n 15 --max-tokens 256 --json $ST/bench-keyab\$V.json | tail -16; done" ;;
   t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
   div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;
-  prof) cmd="for s in humaneval mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\$s.json; done" ;;
+  prof) cmd="for s in humaneval,gsm8k mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\${s/,/-}.json; done" ;;
+  capture) cmd="python3 lab/gpu/prompt_capture.py --target $T --sets humaneval,mtbench -n 10 --out $ST/prompt-capture.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-COLLECT="bench-*.json divergence.json auto-overhead-*.json" exec bash lab/gpu/run_stage.sh "sampling-$stage" "$wait_s" "$cmd"
+COLLECT="bench-*.json divergence.json auto-overhead-*.json prompt-capture.json" exec bash lab/gpu/run_stage.sh "sampling-$stage" "$wait_s" "$cmd"

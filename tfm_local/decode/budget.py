@@ -65,9 +65,9 @@ target's graph (patch 0013; it used to cost a scheduler re-reserve, ~10 ms on th
 2-core CPU); a stretch shorter than the window keeps the capture on. A generation's
 prompt is captured only when a speculative step can fall within it
 (``plan``). The probes are spaced by their measured
-cost: the time a probe cycle (its warm-up steps, the capture switches and the
-probe itself) takes beyond plain steps emitting the same tokens (``probe_cost``,
-from the step records' phases) sets a floor on the plain steps between two
+cost: the time a probe cycle (its warm-up steps or its captured prompt, the capture switches and
+the probe itself) takes beyond plain steps emitting the same tokens (``probe_cost``,
+from the step records' phases and the engine's timing of a captured prompt, ``observe_prompt``) sets a floor on the plain steps between two
 probes, ``probe_cost / (overhead · c(1))``, so that probing costs at most
 ``overhead`` (0.5%) of plain decoding while speculation keeps losing; what
 speculation saved since the last probe (0 to 10 cycles' cost) is subtracted from that
@@ -630,6 +630,21 @@ class AutoBudget:
         if self._passed(1, n):
             self.observe_plain(verify_s / n)
         self.plain_s = running_cost(self.plain_s, step_s / n, self.alpha, False)
+
+    def observe_prompt(self, seconds: float) -> None:
+        """The prefill captured the prompt's features for the drafter, which cost ``seconds`` beyond the
+        prefill alone (reading the features, the drafter's injection pass over the prompt). A probe's
+        prompt belongs to its cycle (``probe_cost``); while speculation pays, it is part of what
+        speculation costs (``probe_gain``). On the H200 a captured prefill took ~10 ms more than a plain
+        one (2026-12-04, 720 generations: 9.4 ms + 0.014 ms a prompt token), about as much as the
+        probe's own step, and was priced nowhere: with a probe at most answers' start (``probe_at_start``)
+        MT-Bench's probes cost ~2% of plain decoding's time where ~0.5% was the aim."""
+        if not seconds > 0:
+            return
+        if self._spec:
+            self._earned -= seconds
+        else:
+            self._cycle += seconds
 
     def observe(self, rec) -> None:
         """Learn from one decode step (a ``step.StepRecord``): a plain step's pass cost, or a speculative

@@ -289,6 +289,10 @@ class Context:
         n = self.model.n_embd
         return np.ctypeslib.as_array(p, shape=(n_rows * n,)).reshape(n_rows, n)
 
+    def synchronize(self) -> None:
+        """Wait until the backend has finished this context's computations (a no-op on the CPU)."""
+        lc.llama_synchronize(self.ptr)
+
     # -- KV cache ------------------------------------------------------------------------
     def truncate(self, pos: int) -> None:
         """Drop every cell at position >= ``pos`` from sequence 0."""
