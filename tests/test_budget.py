@@ -1024,3 +1024,31 @@ def test_engine_prices_the_prompts_it_captures(pair):
         e.auto.plan = lambda max_tokens, k_max: False  # a generation that decodes plainly
         list(e.generate_ids(ids, 8, plain_sp()))
         assert len(seen) == 1
+
+
+@pytest.mark.parametrize("saved", [0.01, -0.01])
+def test_a_speculation_run_that_stops_re_probes_soon_only_if_it_saved_time(saved):
+    """When speculation stops paying, the next probe comes after ``probe_min`` steps if the run saved
+    time (a few unlucky steps can stop a run that pays) and on the schedule it had if it lost (re-probing
+    a losing run soon restarted it over and over: replayed MT-Bench, 0.982 / 0.964x plain against 0.987
+    / 0.973x). Either way the run's account starts again from 0."""
+    auto = _weak_auto()
+    auto._spec, auto._run, auto._probe_every = True, saved, 200
+    assert auto.choose(15) == 0
+    assert auto._probe_every == (auto.probe_min if saved > 0 else 200)
+    assert auto._since_probe == 1 and auto._run == 0.0 and not auto._spec
+
+
+def test_a_speculation_runs_account_counts_its_steps_savings():
+    """``_run`` sums, over the speculative (not probe) steps of the run under way, the plain time of the
+    tokens they emitted minus their own time."""
+    from tfm_local.decode.step import StepRecord
+
+    auto = AutoBudget(costs=PassCosts())
+    auto.observe_plain(0.002)
+    auto.plain_s = 0.002
+    for tokens, t, probe in [(3, 0.004, False), (1, 0.004, False), (4, 0.004, True)]:
+        rec = StepRecord(pos=0, budget=7, n_nodes=8, tokens=[1] * tokens, curve=WEAK[:7], probe=probe)
+        rec.phases["verify"] = t
+        auto.observe(rec)
+    assert auto._run == pytest.approx((0.006 - 0.004) + (0.002 - 0.004))

@@ -45,8 +45,9 @@ then takes 1.9) and cap later outliers at twice the mean (``running_cost``).
 
 When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
-follow the text; when speculation stops paying, the first probe comes after 8
-steps whatever probes cost (a few unlucky steps can tip the running means). A probe drafts only as deep as its budget (``probing``), so
+follow the text; when speculation that saved time stops paying, the first probe comes after 8
+steps whatever probes cost (a few unlucky steps can tip the running means); after a run that lost,
+the probes keep their schedule. A probe drafts only as deep as its budget (``probing``), so
 it costs one short drafter pass and one short verification; the gains of
 deeper budgets are then extrapolated from it (``extrapolate``). Between probes
 only the one-token cost changes, so a "plain" choice is re-evaluated every
@@ -402,6 +403,10 @@ class AutoBudget:
     _warming: bool = False  # capturing ahead of a speculative step that found the drafter behind
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
     _earned: float = 0.0    # seconds speculative steps saved since the last probe (``probe_gain``)
+    _run: float = 0.0       # seconds the speculation under way saved so far (< 0: lost). A run that
+                            # stopped having lost keeps the probe schedule: re-probing it after
+                            # ``probe_min`` steps restarted losing runs over and over on MT-Bench
+                            # (replayed, lab/budget_replay.py: 0.982 / 0.964x plain against 0.987 / 0.973)
     _fresh: bool = False    # no speculative step yet in this generation (its first one weighs as a probe's)
     _probe_planned: bool = False  # ``plan`` captures the prompt for a probe due within the generation
     _pulled: int = 0        # steps a probe came early at a generation's start (added to the next gap)
@@ -504,7 +509,10 @@ class AutoBudget:
         if b > 0:
             return self._speculate(b, probe=False, every=self.probe_min)
         if self._spec:  # speculation just stopped paying (a few unlucky steps can do it): re-probe soon,
-            self._since_probe, self._probe_every = 0, self.probe_min  # not after the cost-spaced gap
+            self._since_probe = 0  # not after the cost-spaced gap, if the run saved time (``_run``)
+            if self._run > 0:
+                self._probe_every = self.probe_min
+            self._run = 0.0
         self._spec = False
         self._since_probe += 1
         due = self._probe_every + 1 - self._since_probe  # steps until the probe (0: this one)
@@ -678,6 +686,7 @@ class AutoBudget:
         if rec.speculative and not rec.probe:  # speculation pays: no probe cycle
             self._cycle = 0.0
             self._earned += c1 * len(rec.tokens) - rec.t_step
+            self._run += c1 * len(rec.tokens) - rec.t_step
             return
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
