@@ -8,7 +8,8 @@ BENCH.json is a tfm-bench result holding the output ids of its plain greedy runs
 docs/results/answers-h200-greedy-n40.json, the H200's of 2026-12-04): those answers are the target's greedy decoding, and every speculative step of any
 budget would have continued them. For each answer the target takes prompt + answer in one prefill with
 the drafter's layer inputs captured; the drafter then drafts one block (the full depth, block size - 1)
-after every answer position, with the features of every token before it injected one row at a time (as
+after the prompt's last token and after every answer token but the last (row i drafts the answer's tokens
+i, i + 1, …; the replay starts at row 1, the prefill having emitted token 0), with the features of every token before it injected one row at a time (as
 a chain that accepts nothing would: the drafter's cache is the engine's at that position), and the top-K
 candidates and their log-probabilities of each block row are kept. CPU (n_gpu_layers 0), the full
 vocabulary head (the GPU's drafter); ~9 positions a second on the 2-core machine.
@@ -28,7 +29,7 @@ from tfm_local.engine import Engine
 from tfm_local.files.datasets import load_prompt_set
 
 
-def answers(bench: str, sets: list[str], n: int) -> dict:
+def answers(bench: str, sets: list[str]) -> dict:
     """{set: {prompt_id: output ids}} of the plain greedy runs in ``bench``."""
     with open(bench) as f:
         runs = json.load(f)["runs"]
@@ -75,7 +76,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=8)
     a = ap.parse_args()
     sets = a.sets.split(",")
-    ans = answers(a.bench, sets, a.prompts)
+    ans = answers(a.bench, sets)
     eng = Engine(budget=15, tree="ddtree", n_gpu_layers=0, draft_vocab="full", warm_up=False)
     C, L, T, start, names, ids = [], [], [], [0], [], []
     t0 = time.time()

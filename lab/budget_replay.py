@@ -11,13 +11,13 @@ tree the engine would from the drafter's top-K at that position (a probe's curve
 ``step.draft_tree``), accepts along the target's greedy answer, and gives ``observe`` a step record with
 the costs below. ``--fixed B`` replays a fixed budget instead (DDTree@16 is ``--shape ddtree --fixed
 15``), which checks the traces and costs against a bench. ``--set`` overrides AutoBudget fields
-(``AutoBudget.on_gpu`` is the base), e.g. ``--set fresh_probe=False``.
+(``AutoBudget.on_gpu`` is the base), e.g. ``--set overhead=0.0025``.
 
 Costs (H200, default pair, ms; tfm-bench's phases of 2026-12-04 and llama-bench's pass sizes, docs/gpu.md):
 a plain step 1.88; a verification of n nodes (submit + pass + accept) 1.88 / 2.32 / 2.96 / 4.04 / 5.32 /
 6.9 / 10.2 at n = 1 / 2 / 4 / 8 / 16 / 32 / 64; drafting 1.3 (pass, top-K, tree); a capturing plain step
-0.35 more, a capture switch 1.5, a probe 3 more (injection of the deferred rows), a captured prompt 4 in
-its prefill. Acceptance is greedy's; the drafts are the CPU drafter's (the GPU's agree but for near-ties).
+0.35 more, a capture switch 1.5, a probe 3 more (injection of the deferred rows), a captured prompt 10 in
+its prefill (measured: 11.2 + 0.005 a prompt token, docs/gpu.md), told to the budget (``observe_prompt``). Acceptance is greedy's; the drafts are the CPU drafter's (the GPU's agree but for near-ties).
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ from tfm_local.decode.tree import build_chain, build_ddtree
 
 SIZES_N = [1, 2, 4, 8, 16, 32, 64]
 SIZES_MS = [1.88, 2.32, 2.96, 4.04, 5.32, 6.9, 10.2]
-COSTS = dict(plain=1.88e-3, draft=1.3e-3, capture=0.35e-3, switch=1.5e-3, probe=3e-3, prompt=4e-3)
+COSTS = dict(plain=1.88e-3, draft=1.3e-3, capture=0.35e-3, switch=1.5e-3, probe=3e-3, prompt=10e-3)
 
 
 def pass_s(n: int) -> float:
@@ -141,6 +141,7 @@ def replay(tr, shape: str, overrides: dict, fixed: int | None = None, max_tokens
                                  curve=curve if k else None, capture=capture)
                 rec.phases["verify"], rec.phases["drafter"] = tv + sw, td
                 rec.t_sync = c["probe"] * (k > 0 and probing)
+                rec.switched = sw > 0
                 auto.observe(rec)
             t += tv + td + sw
             kind = "plain" if not k else "probe" if probing else "spec"

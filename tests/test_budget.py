@@ -981,31 +981,44 @@ def test_probe_spacing_is_net_of_what_speculation_saved_within_bounds():
     assert gain == pytest.approx(0.3 * PROBE_OUTLIER * cost) and PROBE_OUTLIER * cost < 0.3
 
 
-def test_a_captured_prompt_is_priced_as_part_of_a_probe_cycle_or_of_speculation():
+def test_a_captured_prompt_is_priced_with_the_generations_first_step():
     """What a captured prompt costs (``observe_prompt``: the features' read and the drafter's injection,
-    ~10 ms on the H200 against ~3 ms for a probe's own step) counts in the probe cycle it opens, and
-    against what speculation saved while speculation is under way; nothing (or a non-positive time)
-    changes nothing."""
+    ~10 ms on the H200 against ~3 ms for a probe's own step) goes where the generation's first step
+    goes: into the probe cycle when that step is a probe (or a plain step: the cycle's warm-up), against
+    what speculation saved when it is a speculative step (a generation that starts speculating on a
+    probe's verdict: counted in neither before); nothing (or a non-positive time) changes nothing."""
     from tfm_local.decode.step import StepRecord
 
-    auto = AutoBudget(costs=PassCosts())
-    auto.observe_plain(0.002)
-    auto.plain_s, auto.draft_s, auto._n_cycles = 0.002, 0.001, 2
+    def fresh():
+        auto = AutoBudget(costs=PassCosts())
+        auto.observe_plain(0.002)
+        auto.plain_s, auto.draft_s, auto._n_cycles = 0.002, 0.001, 2
+        auto.costs.record(8, 0.004)
+        auto.costs.record(8, 0.004)
+        return auto
+
+    def step(auto, probe, spec=True):
+        rec = StepRecord(pos=0, budget=7 if spec else 0, n_nodes=8 if spec else 1, tokens=[1, 1] if spec else [1],
+                         curve=WEAK[:7] if spec else None, probe=probe, capture=True)
+        rec.phases["verify"], rec.phases["drafter"] = (0.004, 0.001) if spec else (0.002, 0.0)
+        auto.observe(rec)
+
+    auto = fresh()
     auto.observe_prompt(0.0)
     auto.observe_prompt(-1.0)
-    assert auto._cycle == 0.0 and auto._earned == 0.0
+    assert auto._prompt_s == 0.0
     auto.observe_prompt(0.010)
-    assert auto._cycle == pytest.approx(0.010)
-    auto.costs.record(8, 0.004)
-    auto.costs.record(8, 0.004)
-    rec = StepRecord(pos=0, budget=7, n_nodes=8, tokens=[1, 1], curve=WEAK[:7], probe=True)
-    rec.phases["verify"], rec.phases["drafter"] = 0.004, 0.001
-    auto.observe(rec)
+    step(auto, probe=True)
     # the cycle: the prompt's 10 ms and the probe step's 5 ms beyond 2 plain tokens' 4 ms
-    assert auto.probe_cost == pytest.approx(0.011)
-    auto._spec = True
+    assert auto.probe_cost == pytest.approx(0.011) and auto._prompt_s == 0.0
+    auto = fresh()
     auto.observe_prompt(0.010)
-    assert auto._earned == pytest.approx(-0.010) and auto._cycle == 0.0
+    step(auto, probe=False)  # speculation from the first step: 4 ms of tokens for 5 ms, and the prompt
+    assert auto._earned == pytest.approx(-0.011) and auto._cycle == 0.0
+    auto = fresh()
+    auto.observe_prompt(0.010)
+    step(auto, probe=False, spec=False)  # a capturing plain step first: the prompt opens the cycle
+    assert auto._cycle == pytest.approx(0.010) and auto._earned == 0.0
 
 
 def test_engine_prices_the_prompts_it_captures(pair):

@@ -347,12 +347,16 @@ class Engine:
             set_capture(tgt, dft, captured)
             if auto is not None:
                 auto.begin(captured)
-        on_chunk = None
+        on_chunk, captured_s = None, [0.0]
         if dft is not None and tgt.feature_layers:
-            captured_s = [0.0]
-
-            def on_chunk(s: int, n: int) -> None:  # the prompt's features into the drafter, timed for the
-                tgt.ctx.synchronize()               # budget without the target's own pass
+            def on_chunk(s: int, n: int) -> None:
+                """The prompt's features into the drafter; timed for the automatic budget
+                (AutoBudget.observe_prompt) without the target's own pass, while a fixed budget's
+                injection is left to overlap the first token's return."""
+                if auto is None:
+                    dft.inject(tgt.features(slice(0, n), n), s)
+                    return
+                tgt.ctx.synchronize()
                 t = time.perf_counter()
                 dft.inject(tgt.features(slice(0, n), n), s)
                 dft.ctx.synchronize()

@@ -2,8 +2,8 @@
 inputs captured, reading those features to the host, and the drafter's injection of them (in one pass, a
 second time at the same row count, and in power-of-two pieces of shapes the engine's warm-up has run).
 
-On the H200 (2026-12-04) a generation whose prompt was captured took 9.4 ms + 0.014 ms a prompt token
-longer to its first token than plain decoding's (docs/gpu.md), about what a probe's own step costs; this
+On the H200 (2026-12-04) a generation of the automatic budget whose prompt was captured took 11.2 ms +
+0.005 ms a prompt token longer to its first token than plain decoding's (docs/gpu.md), about what a probe's own step costs; this
 finds where that goes. Every timed part ends with a synchronize of the context it ran on.
 
     python3 lab/gpu/prompt_capture.py --target ~/w/model.gguf --sets humaneval,mtbench -n 10 [--out F.json]
@@ -66,12 +66,20 @@ def main() -> None:
                 r[f"prefill_plain_{rep}"], _ = timed(ctxs, lambda: tgt.prefill(ids))
                 tgt.set_features(layers)
                 r[f"prefill_capture_{rep}"], _ = timed(ctxs, lambda: tgt.prefill(ids))
-                r[f"features_{rep}"], feats = timed(ctxs, lambda: tgt.features(slice(0, len(ids)), len(ids)))
+                chunks, spent = [], [0.0]
+
+                def read(s, n):  # each prefill chunk's features, read while they are the last batch's
+                    dt, f = timed(ctxs, lambda: tgt.features(slice(0, n), n))
+                    spent[0] += dt
+                    chunks.append(f)
+                tgt.prefill(ids, on_chunk=read)
+                feats = np.concatenate(chunks)
+                r[f"features_{rep}"] = spent[0]
                 dft.reset()
                 r[f"inject_{rep}"], _ = timed(ctxs, lambda: dft.inject(feats, 0))
+                dft.reset()
 
                 def by_pieces():
-                    dft.reset()
                     s = 0
                     for k in pieces(len(ids), 32):
                         dft.inject(feats[s:s + k], s)

@@ -35,7 +35,7 @@ case $stage in
   keyab) cmd="for V in '' 1; do echo == TFM_CUDA_GRAPH_SINGLE_KEY=\$V; env \${V:+TFM_CUDA_GRAPH_SINGLE_KEY=1} $B --modes plain,auto,ddtree@auto,ddtree@16 -n 15 --max-tokens 256 --json $ST/bench-keyab\$V.json | tail -16; done" ;;
   t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
   div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;
-  prof) cmd="for s in humaneval,gsm8k mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\${s/,/-}.json; done" ;;
+  prof) cmd="for s in humaneval,gsm8k mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\${s/,/-}.json || exit; done" ;;
   capture) cmd="python3 lab/gpu/prompt_capture.py --target $T --sets humaneval,mtbench -n 10 --out $ST/prompt-capture.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -402,6 +402,7 @@ class AutoBudget:
     _spec: bool = False     # the last choice was a speculative budget (not a probe)
     _warming: bool = False  # capturing ahead of a speculative step that found the drafter behind
     _cycle: float = 0.0     # extra seconds of the probe cycle under way
+    _prompt_s: float = 0.0  # a captured prompt's seconds, until the generation's first step (``observe_prompt``)
     _earned: float = 0.0    # seconds speculative steps saved since the last probe (``probe_gain``)
     _run: float = 0.0       # seconds the speculation under way saved so far (< 0: lost). A run that
                             # stopped having lost keeps the probe schedule: re-probing it after
@@ -640,19 +641,17 @@ class AutoBudget:
         self.plain_s = running_cost(self.plain_s, step_s / n, self.alpha, False)
 
     def observe_prompt(self, seconds: float) -> None:
-        """The prefill captured the prompt's features for the drafter, which cost ``seconds`` beyond the
-        prefill alone (reading the features, the drafter's injection pass over the prompt). A probe's
-        prompt belongs to its cycle (``probe_cost``); while speculation pays, it is part of what
-        speculation costs (``probe_gain``). On the H200 a captured prefill took ~10 ms more than a plain
-        one (2026-12-04, 720 generations: 9.4 ms + 0.014 ms a prompt token), about as much as the
-        probe's own step, and was priced nowhere: with a probe at most answers' start (``probe_at_start``)
-        MT-Bench's probes cost ~2% of plain decoding's time where ~0.5% was the aim."""
-        if not seconds > 0:
-            return
-        if self._spec:
-            self._earned -= seconds
-        else:
-            self._cycle += seconds
+        """The prefill captured the prompt's features for the drafter: ``seconds`` of reading them and
+        of the drafter's injection pass over the prompt (the engine's timing; the target's own share of
+        the capture and a capture switch before the prefill are not in it). The generation's first step
+        decides where it goes (``_account``): a probe's cycle (``probe_cost``) when that step is a probe
+        or a plain step, what speculation saved (``probe_gain``) when it is a speculative one. On the
+        H200 a captured prefill of the budget's generations took 11.2 ms + 0.005 ms a prompt token more
+        than plain decoding's (2026-12-04, 300 generations of `auto` and `ddtree@auto`), more than a
+        probe's own step, and was priced nowhere: with a probe at most answers' start
+        (``probe_at_start``) MT-Bench's probes cost ~2% of plain decoding's time where ~0.5% was the aim."""
+        if seconds > 0:
+            self._prompt_s += seconds
 
     def observe(self, rec) -> None:
         """Learn from one decode step (a ``step.StepRecord``): a plain step's pass cost, or a speculative
@@ -677,17 +676,21 @@ class AutoBudget:
         """Add a step's time beyond plain decoding of its tokens to the probe cycle under way: every step
         but a plain one without capture or switch; a probe closes the cycle (``probe_cost``)."""
         a = self.alpha
+        prompt, self._prompt_s = self._prompt_s, 0.0  # a captured prompt's cost goes with this step's kind
         if not (rec.speculative or rec.capture or rec.switched):
             self.plain_s = running_cost(self.plain_s, rec.t_step, a, False)
+            self._cycle += prompt
             return
         c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
         if c1 is None:
+            self._cycle += prompt
             return
         if rec.speculative and not rec.probe:  # speculation pays: no probe cycle
             self._cycle = 0.0
-            self._earned += c1 * len(rec.tokens) - rec.t_step
+            self._earned += c1 * len(rec.tokens) - rec.t_step - prompt
             self._run += c1 * len(rec.tokens) - rec.t_step
             return
+        self._cycle += prompt
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
             # at least what the probe step itself cost beyond plain steps of its tokens, from the running
