@@ -25,6 +25,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from tfm_local.decode.accept import walk_tree
 from tfm_local.decode.budget import AutoBudget, gain_curve
 from tfm_local.decode.step import StepRecord
 from tfm_local.decode.tree import build_chain, build_ddtree
@@ -40,18 +41,10 @@ def pass_s(n: int) -> float:
 
 
 def accepted_path(tree, truth: np.ndarray) -> list[int]:
-    """Node indices of the drafted tokens the target's greedy answer accepts in ``tree`` (the walk of
-    decode.accept), root excluded."""
-    node, path = 0, []
-    for t in truth:
-        if t < 0:
-            break
-        kids = np.nonzero((tree.parents == node) & (tree.tokens == t))[0]
-        if len(kids) == 0:
-            break
-        node = int(kids[0])
-        path.append(node)
-    return path
+    """Node indices of the drafted tokens the target's greedy answer (``truth``: the next tokens, -1 past
+    its end) accepts in ``tree``, root excluded: the engine's walk (``decode.accept.walk_tree``)."""
+    return walk_tree(tree.parents, tree.tokens, lambda node: int(truth[tree.depth[node]])
+                     if tree.depth[node] < len(truth) else -1).path[1:]
 
 
 def realized(path: list[int], pred: np.ndarray, k: int) -> np.ndarray:

@@ -676,21 +676,19 @@ class AutoBudget:
         """Add a step's time beyond plain decoding of its tokens to the probe cycle under way: every step
         but a plain one without capture or switch; a probe closes the cycle (``probe_cost``)."""
         a = self.alpha
-        prompt, self._prompt_s = self._prompt_s, 0.0  # a captured prompt's cost goes with this step's kind
+        prompt, self._prompt_s = self._prompt_s, 0.0  # a captured prompt's cost goes with this step's kind:
+        self._cycle += prompt                          # the probe cycle, or (below) what speculation saved
         if not (rec.speculative or rec.capture or rec.switched):
             self.plain_s = running_cost(self.plain_s, rec.t_step, a, False)
-            self._cycle += prompt
             return
         c1 = self.plain_s if self.plain_s is not None else self.costs.estimate(1)
         if c1 is None:
-            self._cycle += prompt
             return
         if rec.speculative and not rec.probe:  # speculation pays: no probe cycle
             self._cycle = 0.0
             self._earned += c1 * len(rec.tokens) - rec.t_step - prompt
             self._run += c1 * len(rec.tokens) - rec.t_step
             return
-        self._cycle += prompt
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
             # at least what the probe step itself cost beyond plain steps of its tokens, from the running
