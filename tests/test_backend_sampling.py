@@ -115,3 +115,59 @@ def test_seed_none_draws_a_fresh_seed(models):
     with Engine(models["target"], None, n_ctx=256) as e:
         outs = {tuple(run_ids(e, PROMPTS[2], 12, SamplingParams(temperature=1.5))) for _ in range(4)}
     assert len(outs) > 1
+
+
+def test_a_new_seed_is_set_in_place(models, monkeypatch):
+    """A request with another seed (or none: a random one each) changes only the draws' keys: no
+    re-attach (llama.cpp would re-reserve its scheduler), and the tokens are those of a fresh engine
+    with that seed; other settings still re-attach."""
+    attaches = []
+    real_attach = native.sample_attach
+    monkeypatch.setattr(native, "sample_attach", lambda *a, **k: attaches.append(a[1:6]) or real_attach(*a, **k))
+    seeds = [5, 123456789, 2 ** 64 - 1]
+    with Engine(models["target"], None, n_ctx=256) as e:
+        got = [run_ids(e, PROMPTS[1], 12, SamplingParams(temperature=0.9, seed=s)) for s in seeds]
+        assert len(attaches) == 1
+        run_ids(e, PROMPTS[1], 4, SamplingParams(temperature=0.9, top_p=0.5, seed=5))
+        assert len(attaches) == 2
+    for s, g in zip(seeds, got):
+        with Engine(models["target"], None, n_ctx=256) as fresh:
+            assert run_ids(fresh, PROMPTS[1], 12, SamplingParams(temperature=0.9, seed=s)) == g
+    assert len({tuple(g) for g in got}) > 1
+
+
+def test_set_seed_needs_an_attached_sampler(models):
+    t = Target(models["target"], n_ctx=64, n_batch=16, n_threads=1)
+    try:
+        with pytest.raises(native.NativeError):
+            native.sample_set_seed(t.ctx.ptr, 3)
+        with pytest.raises(ValueError):
+            native.sample_set_seed(t.ctx.ptr, -1)
+    finally:
+        t.close()
+
+
+def test_choosers_attach_for_the_most_rows_seen(models, monkeypatch):
+    """Greedy and sampled requests and draft shapes alternating on one engine re-attach the target's
+    backend chooser only when its kind or settings change, never for fewer rows than an earlier
+    request had (each attach costs llama.cpp a scheduler reserve)."""
+    rows = []
+    real_topk, real_sample = native.topk_attach, native.sample_attach
+
+    def topk(ctx, k, n_rows=1):
+        if k:
+            rows.append((ctx, "argmax", n_rows))
+        return real_topk(ctx, k, n_rows)
+    monkeypatch.setattr(native, "topk_attach", topk)
+    monkeypatch.setattr(native, "sample_attach", lambda ctx, *a: rows.append((ctx, "draw", a[-1])) or real_sample(ctx, *a))
+    greedy, warm = SamplingParams(), SamplingParams(temperature=0.8, seed=1)
+    with Engine(models["target"], models["drafter"], n_ctx=512, tree="ddtree", budget=12,
+                greedy_argmax="backend") as e:
+        run_ids(e, PROMPTS[0], 6, greedy)
+        e.set_budget(0)                     # plain decoding: one row a batch
+        run_ids(e, PROMPTS[0], 6, warm)
+        run_ids(e, PROMPTS[0], 6, greedy)
+        e.set_budget(12)
+        run_ids(e, PROMPTS[0], 6, greedy)   # the tree again: nothing to re-attach
+        target = [(kind, n) for ctx, kind, n in rows if ctx == e.target.ctx.ptr]
+    assert target == [("argmax", 13), ("draw", 13), ("argmax", 13)], target

@@ -30,7 +30,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 14;
+    return 15;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -836,6 +836,16 @@ int32_t tfm_sample_attach(llama_context * ctx, float temp, int32_t top_k, float 
     chain_detach(ctx);
     llama_sampler * smpl = sample_new(sample_config{temp, top_k, top_p, min_p, seed, n_vocab});
     return chain_attach(ctx, smpl, ((const sample_config *) smpl->ctx)->on_backend, ATTACHED_SAMPLE, n_rows) ? 1 : 0;
+}
+
+int32_t tfm_sample_set_seed(llama_context * ctx, uint64_t seed) {
+    std::lock_guard<std::mutex> lock(attached_mutex);
+    llama_sampler * smpl = attached_sampler(ctx, ATTACHED_SAMPLE);
+    if (smpl == nullptr) {
+        return -1;
+    }
+    ((sample_config *) smpl->ctx)->seed = seed; // read by sample_backend_set_input at every decode
+    return 0;
 }
 
 int32_t tfm_sample_set_positions(llama_context * ctx, const int64_t * pos, int32_t n) {

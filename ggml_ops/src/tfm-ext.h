@@ -104,6 +104,12 @@ LLAMA_API int32_t tfm_topk_get(struct llama_context * ctx, int32_t i0, int32_t n
 LLAMA_API int32_t tfm_sample_attach(struct llama_context * ctx, float temp, int32_t top_k, float top_p,
                                     float min_p, uint64_t seed, int32_t n_rows);
 
+// The seed of the attached token sampler's draws from the next batch on (API version 15): the keys are
+// a graph input (tfm_sample_key(seed, position) per row), so unlike tfm_sample_attach this changes no
+// graph and costs llama.cpp no scheduler reserve (a new random seed per request re-attached the sampler:
+// ~8 ms on the H200 before the prompt's first token). Returns 0, or -1 when no token sampler is attached.
+LLAMA_API int32_t tfm_sample_set_seed(struct llama_context * ctx, uint64_t seed);
+
 // The positions the next batch's output rows draw their tokens for (row r's token is the one at
 // position pos[r]); rows beyond n get key 0. Kept until set again. Returns n, or -1 when no token
 // sampler is attached.

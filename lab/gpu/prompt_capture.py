@@ -31,6 +31,14 @@ def timed(ctxs, fn):
     return time.perf_counter() - t, out
 
 
+def write_rows(path: str | None, rows: list[dict]) -> None:
+    """The command line and the per-prompt ``rows`` as JSON at ``path`` (nothing when None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(command=" ".join(__import__("sys").argv), rows=rows), f, indent=1)
+        print(f"wrote {path}")
+
+
 def pieces(n: int, largest: int) -> list[int]:
     """``n`` as a sum of powers of two of at most ``largest``, largest first."""
     out = []
@@ -90,10 +98,7 @@ def main() -> None:
                 f"{k} {1e3 * v:.2f}" for k, v in r.items() if k.endswith("_1")), flush=True)
     keys = [k for k in rows[0] if k not in ("set", "prompt_id", "n")]
     print("\nmedian ms over the prompts: " + "  ".join(f"{k} {1e3 * np.median([r[k] for r in rows]):.2f}" for k in keys))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(dict(command=" ".join(__import__("sys").argv), rows=rows), f, indent=1)
-        print(f"wrote {a.out}")
+    write_rows(a.out, rows)
     eng.close()
 
 

@@ -165,6 +165,7 @@ class Target:
         # (``attach_sampler``); at most one is attached (they share sequence 0)
         self._argmax = native.TopKAttachment(self.ctx)
         self._draw = native.SampleAttachment(self.ctx)
+        self._rows_high = 1  # the most rows a backend chooser was attached with (``_choice_rows``)
         # the last verified tree, until committed: node -> batch row, parents, decoded in tree mode
         self._row: np.ndarray = np.zeros(0, np.int64)
         self._parents: np.ndarray | None = None
@@ -372,8 +373,9 @@ class Target:
         for batches of up to ``n_rows`` output rows, so that ``prefill_choice`` and
         ``verify(backend_choice=True)`` copy one int per row instead of ``n_vocab`` floats.
 
-        Re-attaches (a scheduler reserve at the next decode) only when ``n_rows`` exceeds the
-        attached limit; a smaller request keeps it. Replaces an attached token sampler. Returns False
+        Attaches for the most rows any chooser of this target was attached with (``_choice_rows``) and
+        re-attaches (a scheduler reserve at the next decode) only when ``n_rows`` exceeds that limit; a
+        smaller request keeps it. Replaces an attached token sampler. Returns False
         when the backend cannot run the sampler (remembered; read logits instead). Raises ValueError for
         ``n_rows`` outside 1..n_batch.
 
@@ -384,7 +386,7 @@ class Target:
         """
         self._check_rows(n_rows)
         self._draw.forget()  # the top-k attach below replaces an attached token sampler
-        return self._argmax.ensure(1, n_rows)
+        return self._argmax.ensure(1, self._choice_rows(n_rows))
 
     def attach_sampler(self, sp, seed: int, n_rows: int) -> bool:
         """Draw each output row's token in the ggml graph (patch 0011's ggml_sample_tokens through
@@ -392,7 +394,8 @@ class Target:
         with temperature > 0) with the keys ``sampling.draw_key(seed, position)``, for batches of up to
         ``n_rows`` output rows: ``prefill_choice`` and ``verify(backend_choice=True)`` then copy one int
         per row. The draw is ``sampling.sample_row`` computed in the graph. Replaces an attached argmax;
-        re-attaches only when the settings change or more rows are needed. Returns False when the
+        re-attaches only when the settings change or more rows are needed (``_choice_rows``); a new seed
+        alone is set in place (``native.sample_set_seed``, no scheduler reserve). Returns False when the
         backend cannot run the op (remembered; sample on the host instead). Raises ValueError for
         ``n_rows`` outside 1..n_batch or a greedy ``sp``.
         """
@@ -402,7 +405,16 @@ class Target:
         self._argmax.forget()  # the sample attach below replaces an attached argmax
         top_k = min(int(sp.top_k), self.model.n_vocab)  # at least the vocabulary: off (and an int32)
         return self._draw.ensure((float(sp.temperature), top_k, float(sp.top_p), float(sp.min_p),
-                                  int(seed) % 2 ** 64), n_rows)
+                                  int(seed) % 2 ** 64), self._choice_rows(n_rows))
+
+    def _choice_rows(self, n_rows: int) -> int:
+        """The rows to attach a backend chooser with for ``n_rows``: the most any chooser of this target
+        was attached with so far. Each re-attach costs llama.cpp a scheduler reserve at the next decode
+        (~8 ms on the H200), and the argmax and the token sampler replace each other: with the limit
+        each asked for, a greedy request after a sampled one (or a plain one after a tree) attached with
+        fewer rows than the next tree needed, and that tree's prefill paid a second reserve."""
+        self._rows_high = max(self._rows_high, int(n_rows))
+        return self._rows_high
 
     def _check_rows(self, n_rows: int) -> None:
         if not 1 <= n_rows <= self.n_batch:

@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 14
+API_VERSION = 15
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -34,6 +34,7 @@ int32_t tfm_topk_get(void * ctx, int32_t i0, int32_t n, int32_t k, int32_t * ids
 bool tfm_context_keep_graphs(void * ctx, bool on);
 int32_t tfm_sample_attach(void * ctx, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
                           int32_t n_rows);
+int32_t tfm_sample_set_seed(void * ctx, uint64_t seed);
 int32_t tfm_sample_set_positions(void * ctx, const int64_t * pos, int32_t n);
 int32_t tfm_sample_get(void * ctx, int32_t i0, int32_t n, int32_t * ids, int32_t * n_kept);
 uint64_t tfm_sample_key(uint64_t seed, int64_t pos);
@@ -257,6 +258,17 @@ def sample_attach(ctx, temp: float, top_k: int, top_p: float, min_p: float, seed
     return rc > 0
 
 
+def sample_set_seed(ctx, seed: int) -> None:
+    """The attached token sampler's seed from the next batch on (``tfm_sample_set_seed``): the draws'
+    keys are a graph input, so this changes no graph (``sample_attach`` would cost a scheduler reserve).
+    Raises ValueError for ``seed`` outside 0..2**64-1, NativeError when no token sampler is attached."""
+    if not 0 <= int(seed) < 2 ** 64:
+        raise ValueError(f"seed must be in 0..2**64-1, got {seed}")
+    ffi, h = lib()
+    if h.tfm_sample_set_seed(ffi.cast("void *", _ptr(ctx)), int(seed)) < 0:
+        raise NativeError("no backend token sampler is attached")
+
+
 def sample_set_positions(ctx, positions: np.ndarray) -> None:
     """The positions the next batch's output rows draw their tokens for (row r: ``positions[r]``, int
     ``[n]``). Raises NativeError when no token sampler is attached."""
@@ -296,9 +308,14 @@ class SampleAttachment:
         self.ctx, self.params, self.n_rows, self.unsupported = ctx, None, 0, False
 
     def ensure(self, params: tuple, n_rows: int) -> bool:
-        """Attach with ``params`` = (temp, top_k, top_p, min_p, seed) for at least ``n_rows`` rows."""
+        """Attach with ``params`` = (temp, top_k, top_p, min_p, seed) for at least ``n_rows`` rows; a new
+        seed alone is set in place (``sample_set_seed``: no graph change, no scheduler reserve)."""
         if self.unsupported:
             return False
+        if (self.params is not None and self.params[:4] == params[:4] and self.params[4] != params[4]
+                and self.n_rows >= n_rows):
+            sample_set_seed(self.ctx.ptr, params[4])
+            self.params = params
         if self.params != params or self.n_rows < n_rows:
             n_rows = max(n_rows, self.n_rows if self.params == params else 0)
             if not sample_attach(self.ctx.ptr, *params, n_rows):
