@@ -171,3 +171,39 @@ def test_choosers_attach_for_the_most_rows_seen(models, monkeypatch):
         run_ids(e, PROMPTS[0], 6, greedy)   # the tree again: nothing to re-attach
         target = [(kind, n) for ctx, kind, n in rows if ctx == e.target.ctx.ptr]
     assert target == [("argmax", 13), ("draw", 13), ("argmax", 13)], target
+
+
+def test_a_refused_sampler_leaves_raw_logits(models):
+    """On a backend that runs the argmax but refused the token sampler (remembered), asking for the
+    sampler again detaches the argmax, so that the host path reads this batch's raw logits (with the
+    argmax left attached llama.cpp stopped copying them: the host read a stale batch's)."""
+    t = Target(models["target"], n_ctx=256, n_batch=32, n_threads=1)
+    ref = Target(models["target"], n_ctx=256, n_batch=32, n_threads=1)
+    try:
+        p, q = t.tok.encode(PROMPTS[0]), t.tok.encode(PROMPTS[1])
+        want = np.array(ref.prefill(q))
+        t._draw.unsupported = True
+        assert t.attach_argmax(4)
+        t.prefill_choice(p)
+        assert not t.attach_sampler(SETTINGS[0], 1, 1) and not t.choice_rows
+        np.testing.assert_array_equal(np.array(t.prefill(q)), want)
+    finally:
+        t.close()
+        ref.close()
+
+
+def test_a_seed_set_on_a_sampler_replaced_behind_its_back_attaches_anew(models):
+    """If the context's sampler was replaced without the Target knowing (a direct topk_attach), a new
+    seed falls back to a whole attach instead of failing."""
+    t = Target(models["target"], n_ctx=256, n_batch=32, n_threads=1)
+    ref = Target(models["target"], n_ctx=256, n_batch=32, n_threads=1)
+    try:
+        p = t.tok.encode(PROMPTS[0])
+        assert t.attach_sampler(SETTINGS[0], 1, 4)
+        native.topk_attach(t.ctx.ptr, 1, 4)
+        assert t.attach_sampler(SETTINGS[0], 2, 4)
+        first = t.prefill_choice(p)
+        assert first == sample_row(np.array(ref.prefill(p)), SETTINGS[0], draw_key(2, len(p)))[0]
+    finally:
+        t.close()
+        ref.close()

@@ -47,9 +47,11 @@ When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
 follow the text; when speculation that saved time stops paying, the first probe comes after 8
 steps whatever probes cost (a few unlucky steps can tip the running means); after a run that lost,
-the probes keep their schedule. A probe drafts only as deep as its budget (``probing``), so
-it costs one short drafter pass and one short verification; the gains of
-deeper budgets are then extrapolated from it (``extrapolate``). Between probes
+the probes keep their schedule; a run that has lost more than two plain steps' time over 8 steps or more
+of this generation stops whatever the prediction says (``run_check``). A probe drafts only as deep as its budget
+(``probing``), so it costs one short drafter pass and one short verification; the gains of
+deeper budgets are then extrapolated from it (``extrapolate``) until a step drafts deeper
+(``measured_depth``). Between probes
 only the one-token cost changes, so a "plain" choice is re-evaluated every
 ``recheck`` (32) steps rather than on each (~60 µs of NumPy per evaluation,
 3% of a plain step on the H200 if done every step). The choice never changes
@@ -335,6 +337,28 @@ class AutoBudget:
             and, with ``curve_probe``, the gain curve): speculation carried over from the last answer kept
             the last prompt's r and curve, and on the H200 two MT-Bench answers of 2026-12-04 speculated
             through 135 and 26 steps at 0.77-0.78x plain (the stats of the HumanEval-like answer before).
+        run_check / run_loss: a speculation run (speculative steps in a row, probes aside) stops when,
+            after ``run_check`` of its steps in this generation or more, those steps have cost together
+            more than ``run_loss`` plain steps beyond the plain time of the tokens they emitted, whatever
+            the prediction says; it then counts as a run that lost if the whole of it did (``_run``: the
+            probes keep their schedule). Within the generation, not the whole run: a run carried from an
+            answer where it paid into one where it loses went on until it had lost its earlier savings.
+            Not the last ``run_check`` steps alone either: such a window lost two plain steps by chance
+            in runs that paid (the tests' simulations: speculation at 1.2x stopped and restarted late). The prediction
+            follows a change of text slowly (``alpha_accept``): on the H200's MT-Bench answers after
+            GSM8K ones, runs at budget 3 went on for 8-16 steps at ~0.7 accepted tokens a step (break-even
+            ~1.3). Replayed over 6 answer orders (lab/budget_replay.py, decode steps alone): MT-Bench
+            ``ddtree@auto`` 0.988 -> 0.992x plain (worst order 0.978 -> 0.982), GSM8K ``ddtree@auto``
+            1.128 -> 1.117x, the others within 0.005. At ``run_loss`` 0 a run on an easy prompt that
+            started unluckily was stopped too (the 85%/45% simulation of the tests: 1.004x plain time
+            on one seed against 0.955x).
+        measured_depth: the running gain curve remembers how deep it was measured (``_depth``): a probe
+            drafts only its budget deep and the rest of its curve is extrapolated as a chain; the first
+            deeper curve a step brings replaces that extrapolation beyond the depth instead of being
+            blended into it. After a 1-deep probe that accepted, the extrapolation priced budget 31 at ~9
+            tokens, and the blend (weight ``alpha`` a step) kept it there for 14 steps of ~1.5 (replayed
+            MT-Bench: ``ddtree@auto`` 0.987 -> 0.988x plain, worst order 0.974 -> 0.978; `auto` 0.994 ->
+            0.997, worst 0.987 -> 0.994).
         sizes: the node counts a verification may have (None: any up to the ceiling); budgets are these
             minus one. ``on_gpu``: ``GPU_SIZES``.
         size_keep: speculation under way keeps its budget while it is predicted at this factor of the best
@@ -385,6 +409,9 @@ class AutoBudget:
     steady_costs: bool = False
     probe_at_start: bool = False
     probe_gain: float = 0.0
+    run_check: int = 8
+    run_loss: float = 2.0
+    measured_depth: bool = True
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
     curve: np.ndarray | None = None
@@ -408,6 +435,9 @@ class AutoBudget:
                             # stopped having lost keeps the probe schedule: re-probing it after
                             # ``probe_min`` steps restarted losing runs over and over on MT-Bench
                             # (replayed, lab/budget_replay.py: 0.982 / 0.964x plain against 0.987 / 0.973)
+    _run_here: float = 0.0  # ``_run`` within this generation (``run_check``), and its steps
+    _run_here_steps: int = 0
+    _depth: int | None = None  # positions of ``curve`` measured (beyond: a probe's extrapolation)
     _fresh: bool = False    # no speculative step yet in this generation (its first one weighs as a probe's)
     _probe_planned: bool = False  # ``plan`` captures the prompt for a probe due within the generation
     _pulled: int = 0        # steps a probe came early at a generation's start (added to the next gap)
@@ -487,6 +517,7 @@ class AutoBudget:
         self._warming = False
         self._covered = SYNCED if captured else 0
         self._fresh = True
+        self._run_here, self._run_here_steps = 0.0, 0
         if captured and self.probe_at_start and self._probe_planned:  # the planned probe now; the steps
             self._pulled = max(self._probe_every - self._since_probe, 0)  # it came early go to the next gap
             self._since_probe = max(self._since_probe, self._probe_every)
@@ -513,7 +544,7 @@ class AutoBudget:
             self._since_probe = 0  # not after the cost-spaced gap, if the run saved time (``_run``)
             if self._run > 0:
                 self._probe_every = self.probe_min
-            self._run = 0.0
+            self._run, self._run_here, self._run_here_steps = 0.0, 0.0, 0
         self._spec = False
         self._since_probe += 1
         due = self._probe_every + 1 - self._since_probe  # steps until the probe (0: this one)
@@ -603,6 +634,10 @@ class AutoBudget:
             self._plain_kept -= 1
             return 0
         margin = self.keep if self._spec else self.margin
+        if (self._spec and self.run_check and self._run_here_steps >= self.run_check
+                and self._run_here < -self.run_loss * (self.plain_s or self.costs.estimate(1))):
+            self._plain_kept = self.recheck - 1  # the run has lost time over its steps: it stops
+            return 0
         allowed = self.budgets(k_max)
         curve = self._curve(k_max)
         b = best_budget(self.costs, self.draft_s, curve, self.ratio, k_max, margin=margin, budgets=allowed)
@@ -688,6 +723,8 @@ class AutoBudget:
             self._cycle = 0.0
             self._earned += c1 * len(rec.tokens) - rec.t_step - prompt
             self._run += c1 * len(rec.tokens) - rec.t_step
+            self._run_here += c1 * len(rec.tokens) - rec.t_step
+            self._run_here_steps += 1
             return
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
@@ -732,7 +769,9 @@ class AutoBudget:
             self.costs.record(n_nodes, verify_s)
         self.draft_s = running_cost(self.draft_s, draft_s, a, self._n_spec == 1)
         self._n_spec += 1
-        self.curve = self._blend(self.curve, curve, max(a, self.curve_probe) if probe else a)
+        w = max(a, self.curve_probe) if probe else a
+        self.curve = self._blend(self.curve, curve, w, self._depth if self.measured_depth else None)
+        self._depth = len(curve) if w >= 1.0 or self._depth is None else max(self._depth, len(curve))
         n = max(len(curve), 0 if self.best_curve is None else len(self.best_curve))
         new = _extend(np.asarray(curve, dtype=np.float64), n)
         self.best_curve = new if self.best_curve is None else np.maximum(_extend(self.best_curve, n), new)
@@ -747,8 +786,12 @@ class AutoBudget:
         return extrapolate(self.curve[:k_max], k_max)
 
     @staticmethod
-    def _blend(old: np.ndarray | None, new: np.ndarray, a: float) -> np.ndarray:
+    def _blend(old: np.ndarray | None, new: np.ndarray, a: float, depth: int | None = None) -> np.ndarray:
         if old is None:
             return np.asarray(new, dtype=np.float64).copy()
         n = max(len(old), len(new))
-        return (1 - a) * extrapolate(old, n) + a * extrapolate(new, n)
+        nw = extrapolate(new, n)
+        out = (1 - a) * extrapolate(old, n) + a * nw
+        if depth is not None and 0 < depth < len(new):  # beyond the old curve's measured depth: the new
+            out[depth:] = out[depth - 1] + nw[depth:] - nw[depth - 1]  # curve's increments (never falling)
+        return out

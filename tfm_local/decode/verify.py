@@ -402,6 +402,9 @@ class Target:
         if sp.greedy:
             raise ValueError("attach_sampler needs a temperature > 0 (greedy decoding: attach_argmax)")
         self._check_rows(n_rows)
+        if self._draw.unsupported:  # refused before: raw logits (an attached argmax would keep them from
+            self._argmax.detach()   # being copied: the host would read stale ones)
+            return False
         self._argmax.forget()  # the sample attach below replaces an attached argmax
         top_k = min(int(sp.top_k), self.model.n_vocab)  # at least the vocabulary: off (and an int32)
         return self._draw.ensure((float(sp.temperature), top_k, float(sp.top_p), float(sp.min_p),

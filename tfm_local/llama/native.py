@@ -314,8 +314,11 @@ class SampleAttachment:
             return False
         if (self.params is not None and self.params[:4] == params[:4] and self.params[4] != params[4]
                 and self.n_rows >= n_rows):
-            sample_set_seed(self.ctx.ptr, params[4])
-            self.params = params
+            try:
+                sample_set_seed(self.ctx.ptr, params[4])
+                self.params = params
+            except NativeError:  # replaced behind this object's back (a direct topk_attach): attach anew
+                self.params, self.n_rows = None, 0
         if self.params != params or self.n_rows < n_rows:
             n_rows = max(n_rows, self.n_rows if self.params == params else 0)
             if not sample_attach(self.ctx.ptr, *params, n_rows):
