@@ -1075,13 +1075,11 @@ def _spec_record(tokens: int, seconds: float, curve, budget: int = 7, probe: boo
     return rec
 
 
-@pytest.mark.parametrize("lost_steps", [3.0, 1.0])
-def test_a_speculation_run_that_lost_stops_after_run_check_steps(lost_steps):
-    """A run whose steps have cost, together, more than ``run_loss`` plain steps beyond the plain time of
-    their tokens stops after ``run_check`` steps even while the (stale) calibration still predicts a gain:
-    on the H200's MT-Bench answers after GSM8K ones, runs at budget 3 went on for 8-16 steps at ~0.7
-    tokens a step, and one at 31 for 14 (replayed, lab/budget_replay.py). A run that lost less goes on."""
-    auto = AutoBudget(costs=PassCosts(), keep=0.5)  # a forgiving hysteresis: the predicted rate alone keeps it
+def _speculating_budget():
+    """An AutoBudget with ``run_check`` 8 in a speculation run (a plain step 2 ms, an 8-node pass 3 ms,
+    drafting 1 ms) and the confident chain curve it keeps; ``keep`` 0.5, so that the prediction alone
+    would never stop the run."""
+    auto = AutoBudget(costs=PassCosts(), keep=0.5, run_check=8)
     auto.observe_plain(0.002)
     auto.plain_s = 0.002
     auto.costs.record(8, 0.003)
@@ -1089,6 +1087,17 @@ def test_a_speculation_run_that_lost_stops_after_run_check_steps(lost_steps):
     auto.draft_s = 0.001
     strong = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
     auto.curve, auto._spec = strong, True
+    return auto, strong
+
+
+@pytest.mark.parametrize("lost_steps", [3.0, 1.0])
+def test_a_speculation_run_that_lost_stops_after_run_check_steps(lost_steps):
+    """With ``run_check`` on (off by default: the field's note), a run whose steps have cost, together, more
+    than ``run_loss`` plain steps beyond the plain time of their tokens stops after ``run_check`` steps
+    even while the (stale) calibration still predicts a gain:
+    on the H200's MT-Bench answers after GSM8K ones, runs at budget 3 went on for 8-16 steps at ~0.7
+    tokens a step, and one at 31 for 14 (replayed, lab/budget_replay.py). A run that lost less goes on."""
+    auto, strong = _speculating_budget()
     per_step = lost_steps * 0.002 / auto.run_check  # each step's loss beyond the plain time of its tokens
     for i in range(auto.run_check):
         assert auto.choose(15) > 0, i
@@ -1142,14 +1151,7 @@ def test_a_run_carried_into_a_losing_answer_stops_after_run_check_steps():
     steps (with the whole run's account it went on for 22 steps after 50 paying ones)."""
     counts = []
     for paying in (0, 50):
-        auto = AutoBudget(costs=PassCosts(), keep=0.5)
-        auto.observe_plain(0.002)
-        auto.plain_s = 0.002
-        auto.costs.record(8, 0.003)
-        auto.costs.record(8, 0.003)
-        auto.draft_s = 0.001
-        strong = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
-        auto.curve, auto._spec = strong, True
+        auto, strong = _speculating_budget()
         for _ in range(paying):                      # 2 tokens a step for 1.5 plain steps' time
             assert auto.choose(15) > 0
             auto.observe(_spec_record(2, 0.003, strong))

@@ -47,8 +47,7 @@ When plain decoding wins, the drafter is still probed now and then (after 8,
 16, 32 … 256 plain steps, with the best speculative budget) so the statistics
 follow the text; when speculation that saved time stops paying, the first probe comes after 8
 steps whatever probes cost (a few unlucky steps can tip the running means); after a run that lost,
-the probes keep their schedule; a run that has lost more than two plain steps' time over 8 steps or more
-of this generation stops whatever the prediction says (``run_check``). A probe drafts only as deep as its budget
+the probes keep their schedule. A probe drafts only as deep as its budget
 (``probing``), so it costs one short drafter pass and one short verification; the gains of
 deeper budgets are then extrapolated from it (``extrapolate``) until a step drafts deeper
 (``measured_depth``). Between probes
@@ -337,21 +336,19 @@ class AutoBudget:
             and, with ``curve_probe``, the gain curve): speculation carried over from the last answer kept
             the last prompt's r and curve, and on the H200 two MT-Bench answers of 2026-12-04 speculated
             through 135 and 26 steps at 0.77-0.78x plain (the stats of the HumanEval-like answer before).
-        run_check / run_loss: a speculation run (speculative steps in a row, probes aside) stops when,
-            after ``run_check`` of its steps in this generation or more, those steps have cost together
-            more than ``run_loss`` plain steps beyond the plain time of the tokens they emitted, whatever
-            the prediction says; it then counts as a run that lost if the whole of it did (``_run``: the
-            probes keep their schedule). Within the generation, not the whole run: a run carried from an
-            answer where it paid into one where it loses went on until it had lost its earlier savings.
-            Not the last ``run_check`` steps alone either: such a window lost two plain steps by chance
-            in runs that paid (the tests' simulations: speculation at 1.2x stopped and restarted late). The prediction
-            follows a change of text slowly (``alpha_accept``): on the H200's MT-Bench answers after
-            GSM8K ones, runs at budget 3 went on for 8-16 steps at ~0.7 accepted tokens a step (break-even
-            ~1.3). Replayed over 6 answer orders (lab/budget_replay.py, decode steps alone): MT-Bench
-            ``ddtree@auto`` 0.988 -> 0.992x plain (worst order 0.978 -> 0.982), GSM8K ``ddtree@auto``
-            1.128 -> 1.117x, the others within 0.005. At ``run_loss`` 0 a run on an easy prompt that
-            started unluckily was stopped too (the 85%/45% simulation of the tests: 1.004x plain time
-            on one seed against 0.955x).
+        run_check / run_loss: (0: off, the default) a speculation run (speculative steps in a row, probes
+            aside) stops when, after ``run_check`` of its steps in this generation or more, those steps have
+            cost together more than ``run_loss`` plain steps beyond the plain time of the tokens they
+            emitted, whatever the prediction says; it then counts as a run that lost if the whole of it did
+            (``_run``: the probes keep their schedule). The account is the generation's: a run carried
+            from an answer where it paid into one where it loses went on until it had lost its earlier
+            savings; the last ``run_check`` steps alone lost two plain steps by chance in runs that paid.
+            Off because it cost more than it saved: at 8 / 2 it replayed MT-Bench ``ddtree@auto`` at
+            0.992x plain against 0.988 (lab/budget_replay.py, decode steps, 6 orders), but on the H200
+            (2026-12-04, first 20 prompts a set, with ``measured_depth``) `auto` on HumanEval fell from
+            1.17 / 1.22x to 1.10 / 1.11x plain (greedy / T = 0.7: six answers in a row without speculation
+            after a hard one), and replayed with MT-Bench first and HumanEval last ``ddtree@auto`` on
+            HumanEval fell to 1.19x in one order of four (1.34 without it).
         measured_depth: the running gain curve remembers how deep it was measured (``_depth``): a probe
             drafts only its budget deep and the rest of its curve is extrapolated as a chain; the first
             deeper curve a step brings replaces that extrapolation beyond the depth instead of being
@@ -409,7 +406,7 @@ class AutoBudget:
     steady_costs: bool = False
     probe_at_start: bool = False
     probe_gain: float = 0.0
-    run_check: int = 8
+    run_check: int = 0
     run_loss: float = 2.0
     measured_depth: bool = True
     costs: PassCosts = field(default_factory=PassCosts)
