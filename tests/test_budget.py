@@ -1067,46 +1067,6 @@ def test_a_speculation_runs_account_counts_its_steps_savings():
     assert auto._run == pytest.approx((0.006 - 0.004) + (0.002 - 0.004))
 
 
-def _spec_record(tokens: int, seconds: float, curve, budget: int = 7, probe: bool = False):
-    from tfm_local.decode.step import StepRecord
-
-    rec = StepRecord(pos=0, budget=budget, n_nodes=budget + 1, tokens=[1] * tokens, curve=curve, probe=probe)
-    rec.phases["verify"] = seconds
-    return rec
-
-
-def _speculating_budget():
-    """An AutoBudget with ``run_check`` 8 in a speculation run (a plain step 2 ms, an 8-node pass 3 ms,
-    drafting 1 ms) and the confident chain curve it keeps; ``keep`` 0.5, so that the prediction alone
-    would never stop the run."""
-    auto = AutoBudget(costs=PassCosts(), keep=0.5, run_check=8)
-    auto.observe_plain(0.002)
-    auto.plain_s = 0.002
-    auto.costs.record(8, 0.003)
-    auto.costs.record(8, 0.003)
-    auto.draft_s = 0.001
-    strong = gain_curve(np.log(np.full(15, 0.9)) * np.arange(1, 16), 15)
-    auto.curve, auto._spec = strong, True
-    return auto, strong
-
-
-@pytest.mark.parametrize("lost_steps", [3.0, 1.0])
-def test_a_speculation_run_that_lost_stops_after_run_check_steps(lost_steps):
-    """With ``run_check`` on (off by default: the field's note), a run whose steps have cost, together, more
-    than ``run_loss`` plain steps beyond the plain time of their tokens stops after ``run_check`` steps
-    even while the (stale) calibration still predicts a gain:
-    on the H200's MT-Bench answers after GSM8K ones, runs at budget 3 went on for 8-16 steps at ~0.7
-    tokens a step, and one at 31 for 14 (replayed, lab/budget_replay.py). A run that lost less goes on."""
-    auto, strong = _speculating_budget()
-    per_step = lost_steps * 0.002 / auto.run_check  # each step's loss beyond the plain time of its tokens
-    for i in range(auto.run_check):
-        assert auto.choose(15) > 0, i
-        auto.observe(_spec_record(1, 0.002 + per_step, strong))
-        auto.curve = strong  # the drafter's own curve stays confident
-    b = auto.choose(15)
-    assert (b == 0) == (lost_steps > auto.run_loss)
-
-
 def test_a_curve_beyond_a_shallow_probes_depth_is_the_drafters_own():
     """A probe drafts only its budget deep and the rest of its curve is extrapolated (as a chain: every
     further position right as often as the last); the first full curve a speculative step brings replaces
@@ -1143,26 +1103,3 @@ def test_a_blend_beyond_the_measured_depth_never_falls():
     good = gain_curve(np.log(np.full(20, 0.9)) * np.arange(1, 21), 20)
     auto.observe_spec(21, 0.004, 0.001, good, 20, 5)
     assert np.all(np.diff(auto.curve) >= -1e-12) and auto.curve[62] >= auto.curve[19]
-
-
-def test_a_run_carried_into_a_losing_answer_stops_after_run_check_steps():
-    """The check reads the run's account within this generation, not the whole run's: a run that paid
-    through one answer and is carried into the next, where it loses, stops after ``run_check`` losing
-    steps (with the whole run's account it went on for 22 steps after 50 paying ones)."""
-    counts = []
-    for paying in (0, 50):
-        auto, strong = _speculating_budget()
-        for _ in range(paying):                      # 2 tokens a step for 1.5 plain steps' time
-            assert auto.choose(15) > 0
-            auto.observe(_spec_record(2, 0.003, strong))
-            auto.curve = strong
-        auto.plan(256, 15)
-        auto.begin(True)                             # the next answer, speculation carried over
-        n = 0
-        while auto.choose(15) > 0 and n < 100:       # 1 token a step for 2.25 plain steps' time
-            auto.observe(_spec_record(1, 0.0045, strong))
-            auto.curve = strong
-            n += 1
-        counts.append(n)
-    assert counts == [auto.run_check, auto.run_check]
-    assert auto._run == 0.0 and auto._run_here == 0.0  # the stop reset the run's account

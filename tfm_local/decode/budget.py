@@ -336,19 +336,6 @@ class AutoBudget:
             and, with ``curve_probe``, the gain curve): speculation carried over from the last answer kept
             the last prompt's r and curve, and on the H200 two MT-Bench answers of 2026-12-04 speculated
             through 135 and 26 steps at 0.77-0.78x plain (the stats of the HumanEval-like answer before).
-        run_check / run_loss: (0: off, the default) a speculation run (speculative steps in a row, probes
-            aside) stops when, after ``run_check`` of its steps in this generation or more, those steps have
-            cost together more than ``run_loss`` plain steps beyond the plain time of the tokens they
-            emitted, whatever the prediction says; it then counts as a run that lost if the whole of it did
-            (``_run``: the probes keep their schedule). The account is the generation's: a run carried
-            from an answer where it paid into one where it loses went on until it had lost its earlier
-            savings; the last ``run_check`` steps alone lost two plain steps by chance in runs that paid.
-            Off because it cost more than it saved: at 8 / 2 it replayed MT-Bench ``ddtree@auto`` at
-            0.992x plain against 0.988 (lab/budget_replay.py, decode steps, 6 orders), but on the H200
-            (2026-12-04, first 20 prompts a set, with ``measured_depth``) `auto` on HumanEval fell from
-            1.17 / 1.22x to 1.10 / 1.11x plain (greedy / T = 0.7: six answers in a row without speculation
-            after a hard one), and replayed with MT-Bench first and HumanEval last ``ddtree@auto`` on
-            HumanEval fell to 1.19x in one order of four (1.34 without it).
         measured_depth: the running gain curve remembers how deep it was measured (``_depth``): a probe
             drafts only its budget deep and the rest of its curve is extrapolated as a chain; the first
             deeper curve a step brings replaces that extrapolation beyond the depth instead of being
@@ -406,8 +393,6 @@ class AutoBudget:
     steady_costs: bool = False
     probe_at_start: bool = False
     probe_gain: float = 0.0
-    run_check: int = 0
-    run_loss: float = 2.0
     measured_depth: bool = True
     costs: PassCosts = field(default_factory=PassCosts)
     draft_s: float | None = None
@@ -432,8 +417,6 @@ class AutoBudget:
                             # stopped having lost keeps the probe schedule: re-probing it after
                             # ``probe_min`` steps restarted losing runs over and over on MT-Bench
                             # (replayed, lab/budget_replay.py: 0.982 / 0.964x plain against 0.987 / 0.973)
-    _run_here: float = 0.0  # ``_run`` within this generation (``run_check``), and its steps
-    _run_here_steps: int = 0
     _depth: int | None = None  # positions of ``curve`` measured (beyond: a probe's extrapolation)
     _fresh: bool = False    # no speculative step yet in this generation (its first one weighs as a probe's)
     _probe_planned: bool = False  # ``plan`` captures the prompt for a probe due within the generation
@@ -514,7 +497,6 @@ class AutoBudget:
         self._warming = False
         self._covered = SYNCED if captured else 0
         self._fresh = True
-        self._run_here, self._run_here_steps = 0.0, 0
         if captured and self.probe_at_start and self._probe_planned:  # the planned probe now; the steps
             self._pulled = max(self._probe_every - self._since_probe, 0)  # it came early go to the next gap
             self._since_probe = max(self._since_probe, self._probe_every)
@@ -541,7 +523,7 @@ class AutoBudget:
             self._since_probe = 0  # not after the cost-spaced gap, if the run saved time (``_run``)
             if self._run > 0:
                 self._probe_every = self.probe_min
-            self._run, self._run_here, self._run_here_steps = 0.0, 0.0, 0
+            self._run = 0.0
         self._spec = False
         self._since_probe += 1
         due = self._probe_every + 1 - self._since_probe  # steps until the probe (0: this one)
@@ -631,10 +613,6 @@ class AutoBudget:
             self._plain_kept -= 1
             return 0
         margin = self.keep if self._spec else self.margin
-        if (self._spec and self.run_check and self._run_here_steps >= self.run_check
-                and self._run_here < -self.run_loss * (self.plain_s or self.costs.estimate(1))):
-            self._plain_kept = self.recheck - 1  # the run has lost time over its steps: it stops
-            return 0
         allowed = self.budgets(k_max)
         curve = self._curve(k_max)
         b = best_budget(self.costs, self.draft_s, curve, self.ratio, k_max, margin=margin, budgets=allowed)
@@ -720,8 +698,6 @@ class AutoBudget:
             self._cycle = 0.0
             self._earned += c1 * len(rec.tokens) - rec.t_step - prompt
             self._run += c1 * len(rec.tokens) - rec.t_step
-            self._run_here += c1 * len(rec.tokens) - rec.t_step
-            self._run_here_steps += 1
             return
         self._cycle += rec.t_step - c1 * len(rec.tokens)
         if rec.probe:
