@@ -26,12 +26,14 @@ SETTINGS = [
 ]
 
 
-def op_draw(rows: np.ndarray, keys: list[int], sp: SamplingParams, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
-    """The op on ``rows`` float32 ``[R, n_vocab]`` with one 64-bit key per row → (ids, kept) int32 ``[R]``."""
+def op_draw(rows: np.ndarray, keys: list[int], sp: SamplingParams, device: str = "cpu",
+            n_threads: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """The op on ``rows`` float32 ``[R, n_vocab]`` with one 64-bit key per row → (ids, kept) int32 ``[R]``.
+    On the CPU with fewer rows than ``n_threads`` the kernel splits each row over the threads."""
     k = np.array([[key & 0xFFFFFFFF, key >> 32] for key in keys], dtype=np.uint32).view(np.int32)
     native.set_op_fparams(sp.temperature, sp.top_p, sp.min_p)
     out = native.run_op("sample_tokens", [np.ascontiguousarray(rows, np.float32), k], 2 * len(keys), iparam=sp.top_k,
-                        device=device).view(np.int32).reshape(-1, 2)
+                        device=device, n_threads=n_threads).view(np.int32).reshape(-1, 2)
     return out[:, 0], out[:, 1]
 
 
@@ -107,6 +109,31 @@ def test_tree_size_does_not_change_a_draw():
     many = op_draw(rows, keys, sp)[0]
     for r in (0, 17, 63):
         assert op_draw(rows[r:r + 1], [keys[r]], sp)[0][0] == many[r]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_a_row_split_over_threads_draws_as_a_whole_row(setting):
+    """Fewer rows than threads (a plain step): each row is split over the threads in chunks of 2,048
+    tokens (some threads without a chunk at n = 50 and 5,000); token and kept-set size are the host
+    twin's and the per-row kernel's for 1 to 4 threads, on rows that take every path of the kernel."""
+    sp = SamplingParams(**setting)
+    rng = np.random.default_rng(7 + len(str(setting)))
+    for n in (50, 5000, 40_000):
+        rows = rows_for_test(rng, n)
+        keys = [draw_key(321, 1000 * n + r) for r in range(len(rows))]
+        whole = op_draw(np.stack(rows), keys, sp, n_threads=1)
+        for r, (row, key) in enumerate(zip(rows, keys)):
+            want = sample_row(row, sp, key)
+            assert (int(whole[0][r]), int(whole[1][r])) == want
+            for nt in (2, 3, 4):
+                ids, kept = op_draw(row[None], [key], sp, n_threads=nt)
+                assert (int(ids[0]), int(kept[0])) == want, f"n={n} row {r} threads {nt}"
+    none = np.full(5000, -np.inf, np.float32)
+    inf = np.zeros(5000, np.float32)
+    inf[[5, 4100]] = np.inf
+    for nt in (2, 3):
+        assert tuple(map(int, np.concatenate(op_draw(none[None], [1], sp, n_threads=nt)))) == (-1, 0)
+        assert tuple(map(int, np.concatenate(op_draw(inf[None], [2], sp, n_threads=nt)))) == sample_row(inf, sp, 2)
 
 
 @pytest.mark.parametrize("setting", SETTINGS[:6], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
