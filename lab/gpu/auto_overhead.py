@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--mode", default="auto", help="auto or ddtree@auto")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="JSON file")
+    ap.add_argument("--budget", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="AutoBudget fields to override, e.g. measured_depth=False (as lab/budget_replay.py --set)")
     a = ap.parse_args()
 
     from tfm_local.decode import budget as budget_module
@@ -91,6 +93,14 @@ def main() -> None:
     engine_module.run_step = run_step
     tree = "ddtree" if a.mode.startswith("ddtree") else "chain"
     eng = Engine(a.target, a.drafter, budget="auto", tree=tree, n_threads=a.threads)
+    if a.budget:
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from budget_replay import parse_set
+        state = eng._auto_for(tree)
+        for k, v in parse_set(a.budget).items():
+            setattr(state, k, v)
     prompts = [(name, p) for name in a.set.split(",") for p in load_prompt_set(name, a.n)]
     sp = SamplingParams()
     modes = {"plain": 0, a.mode: "auto"}

@@ -17,6 +17,9 @@
 #   prof    lab/gpu/auto_overhead.py: plain against auto on 10 HumanEval then 10 GSM8K prompts (one
 #           engine), and on 10 MT-Bench prompts: the probes one by one, the captured prompts' cost and
 #           the Python functions whose time differs
+#   depthab lab/gpu/auto_overhead.py on 40 HumanEval prompts, auto and ddtree@auto, with the budget's
+#           measured_depth on and off (one engine each): did the rule, or a slow host, cut HumanEval's
+#           gain from 1.21-1.30x (f84dd9b) to 1.01-1.06x (07ea590, docs/gpu.md)?
 #   capture lab/gpu/prompt_capture.py: a captured prompt's cost part by part (prefill with and without
 #           capture, the features' read, the drafter's injection whole and in power-of-two pieces)
 # Results (JSON and logs) are copied to $OUT at the end of each call.
@@ -36,6 +39,7 @@ case $stage in
   t1) cmd="$B --modes plain,auto,ddtree@auto,ddtree@16 --samplings 'greedy;t=1' -n 20 --max-tokens 256 --json $ST/bench-t1.json" ;;
   div) cmd="python3 lab/gpu/divergence.py --target $T --drafter auto --threads 4 --prompts 40 --tokens 256 --budgets 64,128 --sizes 1,2,4,8,16,64,128 --sources ddtree,chain --time-limit 270 --spread-share 0.35 --out $ST/divergence.json" ;;
   prof) cmd="for s in humaneval,gsm8k mtbench; do python3 lab/gpu/auto_overhead.py --target $T --set \$s -n 10 --tokens 256 --mode auto --out $ST/auto-overhead-\${s/,/-}.json || exit; done" ;;
+  depthab) cmd="for M in auto ddtree@auto; do for V in True False; do python3 lab/gpu/auto_overhead.py --target $T --set humaneval -n 40 --tokens 256 --mode \$M --budget measured_depth=\$V --out $ST/auto-overhead-\${M/@/-}-depth\$V.json | tail -12 || exit; done; done" ;;
   capture) cmd="python3 lab/gpu/prompt_capture.py --target $T --sets humaneval,mtbench -n 10 --out $ST/prompt-capture.json" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
