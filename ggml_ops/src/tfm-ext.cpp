@@ -373,7 +373,8 @@ int64_t batch_rows(const ggml_tensor * src) {
 
 // The logits matrix without llama.cpp's pad row: the pad's own source when src is that pad, else src.
 // Ops built over it leave the pad out of the graph (on the CPU the pad is a copy of the whole matrix
-// with per-element indexing, ~0.5 ms a plain step of the 1.5B target's 151,936 logits).
+// with per-element indexing: ~1 ms a plain step of the 1.5B target's 151,936 logits on the 2-core
+// development CPU, docs/cpu.md).
 ggml_tensor * unpadded(const ggml_tensor * src) {
     return const_cast<ggml_tensor *>(batch_rows(src) < src->ne[1] ? src->src[0] : src);
 }
