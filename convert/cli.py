@@ -2,7 +2,7 @@
 
     tfm-convert CHECKPOINT --target TARGET -o OUT.gguf [--outtype f16]
     tfm-convert DRAFTER.gguf --target TARGET -o OUT.gguf --outtype q4_k   (requantize)
-    tfm-convert --init-random --target TARGET -o OUT.gguf [--layers N] [--ffn N] [--seed S] [--hf-out DIR]
+    tfm-convert --init-random --target TARGET -o OUT.gguf [--layers N] [--ffn N] [--seed S] [--hf-out DIR] [--dflash2]
     tfm-convert --reduce DRAFTER.gguf --target TARGET -o OUT.gguf
                 (--corpus DIR... [--draft-vocab-size K] | --ids IDS.npy) [--save-ids IDS.npy]
     tfm-convert --corpus DIR... --target TARGET --save-ids IDS.npy [--draft-vocab-size K]
@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r.add_argument("--mask-token", type=int, default=None, help="MASK token id (default: first unused id)")
     r.add_argument("--hf-out", type=Path, help="also write the z-lab layout (config.json + model.safetensors)")
+    r.add_argument("--dflash2", action="store_true",
+                   help="a DFlash2 drafter (dynamic convolutions and a path selector, z-lab's sizes where they fit)")
     v = p.add_argument_group("reduced draft vocabulary (tfm_convert.draft_vocab)")
     v.add_argument("--reduce", type=Path, metavar="DRAFTER",
                    help="write DRAFTER (with or without vocabulary) with a reduced draft vocabulary: d2t and "
@@ -102,8 +104,11 @@ def run(args: argparse.Namespace) -> str:
         if args.checkpoint or args.tensor_type:
             raise ConvertError("--init-random takes no CHECKPOINT and no --tensor-type")
         out, hf = init_random(target, args.out, hf_out=args.hf_out, layers=args.layers, ffn=args.ffn,
-                              seed=args.seed, outtype=args.outtype, mask_token=args.mask_token)
+                              seed=args.seed, outtype=args.outtype, mask_token=args.mask_token,
+                              dflash2=args.dflash2)
         return "wrote " + " and ".join(str(p) for p in (out, hf) if p is not None)
+    if args.dflash2:
+        raise ConvertError("--dflash2 goes with --init-random (a checkpoint's config.json says which it is)")
     if not args.checkpoint:
         raise ConvertError("give a CHECKPOINT to convert, or --init-random")
     if args.out is None:

@@ -72,7 +72,7 @@ def _refuse_input_as_output(out: str | os.PathLike, inputs) -> None:
 def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None, *,
                 hf_out: str | os.PathLike | None = None, layers: int = 1, ffn: int | None = None,
                 seed: int = 0, outtype: str = "f16", mask_token: int | None = None,
-                hf_dtype: str = "F32") -> tuple[Path | None, Path | None]:
+                hf_dtype: str = "F32", dflash2: bool = False) -> tuple[Path | None, Path | None]:
     """Write a randomly initialised drafter for ``target``.
 
     Args:
@@ -82,6 +82,7 @@ def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None,
         layers, ffn, seed, mask_token: see ``random_init.random_config`` / ``random_tensors``.
         outtype: GGUF output type.
         hf_dtype: safetensors dtype, "F32", "F16" or "BF16".
+        dflash2: a DFlash2 drafter (``random_init.dflash2_geometry``; z-lab's ``DFlash2DraftModel`` layout).
 
     Returns:
         (GGUF path or None, HF folder or None).
@@ -94,7 +95,7 @@ def init_random(target: str | os.PathLike, out: str | os.PathLike | None = None,
     info = read_target_info(target)
     if out is not None:
         _refuse_input_as_output(out, [target])
-    config = random_config(info, layers=layers, ffn=ffn, mask_token=mask_token)
+    config = random_config(info, layers=layers, ffn=ffn, mask_token=mask_token, dflash2=dflash2)
     check_config(config)
     check_against_target(config, info)
     tensors = random_tensors(config, seed)

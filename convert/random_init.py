@@ -7,12 +7,18 @@ gives at least 4 heads); KV heads = the largest divisor of the head count
 not above a quarter of it; MLP width 3 × hidden (rounded up to 32); block
 size 16; 5 target layers spread from shallow to deep (DFlash, §5 of
 docs/design.md); mask token = an unused id of the target vocabulary.
+A DFlash2 drafter (``dflash2=True``) adds z-lab's defaults where the width
+allows: 2 taps, groups of 16 channels, selector rank 256 and 16 candidates
+(fewer for narrow targets, ``dflash2_geometry``). ``as_dflash2`` turns a
+DFlash drafter into the DFlash2 drafter that drafts exactly as it does.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+import dataclasses
 
 from tfm_local.files.dflash import DFlashConfig, expected_shapes, is_norm
 
@@ -63,9 +69,28 @@ def spread_target_layers(n_layer: int, count: int = DEFAULT_TARGET_LAYERS) -> li
     return [int(math.floor(lo + k * (hi - lo) / (n - 1) + 0.5)) for k in range(n)]
 
 
+def dflash2_geometry(hidden: int, vocab: int) -> dict[str, int]:
+    """DFlash2's sizes for a drafter of width ``hidden``: z-lab's (2 taps, groups of 16, rank 256,
+    top-16) where they fit; a narrower width gets groups dividing it, rank ≤ hidden / 2 and the most
+    candidates K with K·(K+1) ≤ hidden (llama.cpp writes a position's K + K² lattice entries into a
+    row of the hidden size).
+
+    Raises:
+        ConvertError: a width below 6 (no two candidates fit).
+    """
+    top_k = min(16, vocab)
+    while top_k > 1 and top_k * (top_k + 1) > hidden:
+        top_k -= 1
+    if top_k < 2:
+        raise ConvertError(f"a width of {hidden} leaves no room for DFlash2's selector lattice")
+    group = next(g for g in (16, 8, 4, 2, 1) if hidden % g == 0)
+    return dict(conv_kernel_size=2, conv_group_size=group, selector_rank=max(1, min(256, hidden // 2)),
+                selector_top_k=top_k)
+
+
 def random_config(target: TargetInfo, *, layers: int = 1, ffn: int | None = None,
                   block_size: int = DEFAULT_BLOCK_SIZE, mask_token: int | None = None,
-                  n_target_layers: int = DEFAULT_TARGET_LAYERS) -> DFlashConfig:
+                  n_target_layers: int = DEFAULT_TARGET_LAYERS, dflash2: bool = False) -> DFlashConfig:
     """The config of a fresh drafter for ``target``.
 
     Args:
@@ -75,6 +100,7 @@ def random_config(target: TargetInfo, *, layers: int = 1, ffn: int | None = None
         block_size: tokens per block.
         mask_token: MASK id (default: ``target.pick_mask_token()``).
         n_target_layers: number of target layers to read (capped by its depth).
+        dflash2: a DFlash2 drafter (``dflash2_geometry``).
 
     Raises:
         ConvertError: bad sizes, or no mask token available.
@@ -91,6 +117,7 @@ def random_config(target: TargetInfo, *, layers: int = 1, ffn: int | None = None
         target_layer_ids=tuple(spread_target_layers(target.n_layer, n_target_layers)),
         mask_token_id=target.pick_mask_token() if mask_token is None else mask_token,
         block_size=block_size, num_target_layers=target.n_layer,
+        **(dflash2_geometry(target.n_embd, target.n_vocab) if dflash2 else {}),
     )
 
 
@@ -98,13 +125,55 @@ def random_tensors(config: DFlashConfig, seed: int = 0) -> dict[str, np.ndarray]
     """Random float32 weights for ``config``, HF names and numpy shapes.
 
     Matrices are N(0, 1/fan_in) (LeCun normal: activations keep unit scale
-    through every projection); norm weights are 1. Deterministic for a seed.
+    through every projection); norm weights are 1; DFlash2's base kernels are
+    the identity (1 on the current position's tap) plus N(0, 0.1²), so that
+    every tap and the dynamic part matter. Deterministic for a seed.
     """
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in expected_shapes(config.dims).items():
         if is_norm(name):
             out[name] = np.ones(shape, dtype=np.float32)
+        elif name.endswith(".base_kernel"):
+            out[name] = (_identity_kernel(shape) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
     return out
+
+
+def _identity_kernel(shape: tuple[int, ...]) -> np.ndarray:
+    """A base kernel [2 sides, taps, hidden] that passes its input through: 1 on tap 0, else 0."""
+    k = np.zeros(shape, dtype=np.float32)
+    k[:, 0, :] = 1.0
+    return k
+
+
+def as_dflash2(config: DFlashConfig, tensors: dict[str, np.ndarray], seed: int = 0,
+               **geometry: int) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
+    """The DFlash2 drafter that drafts as the DFlash drafter ``(config, tensors)`` does (the z-lab
+    initialisation, docs/design.md §7): identity base kernels and zero kernel projections (every
+    convolution passes its input through), zero successor codes (every selector score is the
+    candidate's own logit, so the lattice's greedy walk is the drafter's top-1 chain); the
+    predecessor codes and the hidden projection random (N(0, 1/fan_in)), where training starts.
+
+    Args:
+        config, tensors: a DFlash drafter (HF names, numpy shapes).
+        seed: for the random parts.
+        geometry: DFlash2 sizes overriding ``dflash2_geometry``'s (``conv_kernel_size``, ...).
+
+    Returns:
+        (DFlash2 config, its tensors: ``tensors`` plus the new ones).
+    """
+    v2 = dataclasses.replace(config, **{**dflash2_geometry(config.hidden_size, config.vocab_size), **geometry})
+    rng = np.random.default_rng(seed)
+    out = dict(tensors)
+    for name, shape in expected_shapes(v2.dims).items():
+        if name in out:
+            continue
+        if name.endswith(".base_kernel"):
+            out[name] = _identity_kernel(shape)
+        elif name.endswith("kernel_projection.weight") or name.endswith("successor_codebook"):
+            out[name] = np.zeros(shape, dtype=np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    return v2, out

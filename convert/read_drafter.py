@@ -19,7 +19,7 @@ from tfm_local.files.gguf_meta import dequantize_tensor, read_gguf_meta
 
 from .errors import ConvertError, convert_errors
 from .target_info import MASK_TOKEN_KEY
-from .writer import ARCH
+from .writer import ARCH, DFLASH2_KEYS
 
 #: GGUF names of the target's embedding and LM head, which some drafter files carry: skipped.
 SHARED_GGUF_NAMES = frozenset({"token_embd.weight", "output.weight"})
@@ -69,7 +69,7 @@ def _config(kv: dict, path: Path, vocab_size: int | None, num_target_layers: int
         hidden_act=str(kv.get(f"{ARCH}.hidden_activation", "silu")),
         target_layer_ids=tuple(int(i) - 1 for i in req(f"{ARCH}.target_layers")),
         mask_token_id=int(req(MASK_TOKEN_KEY)), block_size=int(req(f"{ARCH}.block_size")),
-        num_target_layers=num_target_layers)
+        num_target_layers=num_target_layers, **{k: int(kv.get(f"{ARCH}.{k}", 0)) for k in DFLASH2_KEYS})
 
 
 @convert_errors()
@@ -84,7 +84,7 @@ def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
             vocabulary (ignored when it does).
         num_target_layers: depth of the target, recorded in the config (0 = unknown).
     Returns:
-        ``(config, weights)``: weights maps every HF name of ``dflash.expected_shapes``
+        ``(config, weights)`` (DFlash or DFlash2): weights maps every HF name of ``dflash.expected_shapes``
         to a float32 array of that shape (numpy order).
     Raises:
         ConvertError: unreadable or truncated file, another architecture, a missing

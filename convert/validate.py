@@ -39,7 +39,8 @@ def check_tensors(shapes: Mapping[str, tuple[int, ...]], dims: DrafterDims) -> N
 #: size limit in the engine (draft.MAX_BLOCK), and widths no model comes near (a config stating 2**63
 #: layers made the tensor check run for ever: found by fuzzing)
 MAX_SIZES = dict(num_hidden_layers=512, hidden_size=1 << 17, num_attention_heads=1 << 12, num_key_value_heads=1 << 12,
-                 head_dim=1 << 12, intermediate_size=1 << 20, block_size=256)
+                 head_dim=1 << 12, intermediate_size=1 << 20, block_size=256, conv_kernel_size=256,
+                 conv_group_size=1 << 17, selector_rank=1 << 14, selector_top_k=1 << 10)
 
 
 def check_config(config: DFlashConfig) -> None:
@@ -60,8 +61,27 @@ def check_config(config: DFlashConfig) -> None:
         problems.append(f"block_size {config.block_size} < 2")
     if len(set(config.target_layer_ids)) != len(config.target_layer_ids):
         problems.append(f"target_layer_ids {list(config.target_layer_ids)} has duplicates")
+    if config.dflash2:
+        problems += _dflash2_problems(config)
     if problems:
         raise ConvertError("invalid drafter config: " + "; ".join(problems))
+
+
+def _dflash2_problems(c: DFlashConfig) -> list[str]:
+    """What llama.cpp's DFlash2 loader and graph (``src/models/dflash.cpp``) would refuse or break on."""
+    out = []
+    if min(c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) < 1:
+        out.append("conv_kernel_size, conv_group_size, selector_rank and selector_top_k must be at least 1")
+        return out
+    if c.hidden_size % c.conv_group_size:
+        out.append(f"hidden_size {c.hidden_size} is not a multiple of conv_group_size {c.conv_group_size}")
+    if c.hidden_size < c.selector_top_k * (c.selector_top_k + 1):
+        # the lattice row (K candidates + K×K scores) is written into a row of the hidden size
+        out.append(f"hidden_size {c.hidden_size} is below selector_top_k·(selector_top_k + 1) = "
+                   f"{c.selector_top_k * (c.selector_top_k + 1)}, the selector lattice's row")
+    if c.selector_top_k > c.vocab_size:
+        out.append(f"selector_top_k {c.selector_top_k} exceeds vocab_size {c.vocab_size}")
+    return out
 
 
 def check_against_target(config: DFlashConfig, target: TargetInfo) -> None:

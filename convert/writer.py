@@ -6,8 +6,10 @@ int32 array) and ``dflash.block_size``, and the target's whole tokenizer
 (copied from the target GGUF) plus ``tokenizer.ggml.mask_token_id``.
 Tensors: ``fc``, ``enc.output_norm``, ``output_norm`` and ``blk.N.*``; no
 ``token_embd``/``output``: llama.cpp takes them from the target context
-(``ctx_other``) at run time. Key and tensor names follow upstream llama.cpp
-(``src/llama-arch.cpp``, ``src/models/dflash.cpp``).
+(``ctx_other``) at run time. A DFlash2 drafter adds ``dflash.conv_kernel_size``,
+``dflash.conv_group_size``, ``dflash.selector_rank`` and ``dflash.selector_top_k``, its convolution
+and selector tensors (``tfm_local.files.dflash``), and keeps its base kernels F32. Key and tensor
+names follow upstream llama.cpp (``src/llama-arch.cpp``, ``src/models/dflash.cpp``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 import gguf
 
 from tfm_local.files.atomic import atomic_output
-from tfm_local.files.dflash import SHARED_NAMES, DFlashConfig, expected_shapes, gguf_name
+from tfm_local.files.dflash import SHARED_NAMES, DFlashConfig, expected_shapes, gguf_name, keeps_f32
 
 from .errors import ConvertError, convert_errors
 from .quant import FILE_TYPES, OUTTYPES, encode, encoded_nbytes, outtype_of, tensor_type
@@ -31,6 +33,8 @@ from .target_info import MASK_TOKEN_KEY, TargetInfo
 
 ARCH = "dflash"
 QT = gguf.GGMLQuantizationType
+#: DFlash2's metadata keys after ``dflash.``: the ``DFlashConfig`` fields of the same names
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @convert_errors()
@@ -47,8 +51,8 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
             the names must be exactly ``tfm_local.files.dflash.expected_shapes`` (plus
             optional shared copies, which are dropped).
         target: the target's facts; its tokenizer is copied.
-        outtype: a name of ``quant.OUTTYPES`` (norms stay F32; block types fall back to F16 for rows
-            not a multiple of their block).
+        outtype: a name of ``quant.OUTTYPES`` (norms and DFlash2's base kernels stay F32; block types
+            fall back to F16 for rows not a multiple of their block).
         name: ``general.name`` (default: the output file stem).
         tensor_types: ``(regex, outtype)`` pairs (``quant.parse_tensor_types``): a tensor whose GGUF
             name contains a regex's match gets the first such pair's type instead of ``outtype``.
@@ -74,6 +78,7 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
         try:
             add_metadata(w, config, target, outtype, name or out.stem)
             plan = [(n, tuple(tensors[n].shape),
+                     QT.F32 if keeps_f32(n) else
                      tensor_type(tuple(tensors[n].shape), outtype_of(gguf_name(n), outtype, tensor_types)))
                     for n in order]
             _note_fallbacks(plan, outtype, tensor_types)
@@ -110,6 +115,9 @@ def add_metadata(w: gguf.GGUFWriter, config: DFlashConfig, target: TargetInfo, o
     w.add_key_value(f"{ARCH}.target_layers", [i + 1 for i in config.target_layer_ids],
                     gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     w.add_uint32(f"{ARCH}.block_size", config.block_size)
+    if config.dflash2:
+        for key in DFLASH2_KEYS:
+            w.add_uint32(f"{ARCH}.{key}", getattr(config, key))
     for kv in target.tokenizer:
         w.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
     w.add_uint32(MASK_TOKEN_KEY, config.mask_token_id)

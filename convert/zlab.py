@@ -5,6 +5,9 @@ A checkpoint folder holds ``config.json`` (``architectures:
 mask_token_id, block_size}``) and ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``). Method and layout: z-lab DFlash
 (Chen et al., "DFlash: Block Diffusion for Flash Speculative Decoding").
+A DFlash2 checkpoint (``architectures: ["DFlash2DraftModel"]``) adds
+``conv_kernel_size``, ``conv_group_size``, ``selector_rank`` and
+``selector_top_k`` to ``dflash_config`` and its tensors (``tfm_local.files.dflash``).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tfm_local.files.atomic import atomic_output, write_text
-from tfm_local.files.dflash import ARCHITECTURE, DFlashConfig, strip_prefix
+from tfm_local.files.dflash import ARCHITECTURE, ARCHITECTURE_V2, DFlashConfig, strip_prefix
 
 from .errors import ConvertError, convert_errors
 from .safetensors_io import LazyTensor, read_safetensors, write_safetensors
@@ -24,22 +27,22 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
-    """Validate a parsed ``config.json`` and extract a DFlashConfig.
+    """Validate a parsed ``config.json`` (DFlash or DFlash2) and extract a DFlashConfig.
 
     Raises:
         ConvertError: not a DFlash drafter, a missing or mistyped field, or a
             feature llama.cpp's dflash loader path here does not support
-            (DFlash2, attention biases, sliding window, RoPE scaling).
+            (attention biases, sliding window, RoPE scaling).
     """
     if not isinstance(cfg, dict):
         raise ConvertError(f"{source}: expected a JSON object")
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list):
         raise ConvertError(f"{source}: architectures must be a list, got {str(archs)[:40]}")
-    if "DFlash2DraftModel" in archs:
-        raise ConvertError(f"{source}: DFlash2 drafters are not supported by tfm-convert yet")
-    if ARCHITECTURE not in archs:
-        raise ConvertError(f"{source}: architectures is {archs!r}, expected [{ARCHITECTURE!r}]")
+    v2 = ARCHITECTURE_V2 in archs
+    if not v2 and ARCHITECTURE not in archs:
+        raise ConvertError(f"{source}: architectures is {archs!r}, expected [{ARCHITECTURE!r}] "
+                           f"or [{ARCHITECTURE_V2!r}]")
     _refuse_unsupported(cfg, source)
     dflash = cfg.get("dflash_config") or {}
     if not isinstance(dflash, dict):
@@ -54,6 +57,14 @@ def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
     mask = dflash.get("mask_token_id")
     if not isinstance(mask, int) or isinstance(mask, bool):
         raise ConvertError(f"{source}: dflash_config.mask_token_id must be an integer, got {mask!r}")
+    v2_fields = {}
+    if v2:  # DFlash2: every field of its convolution and selector is required, each at least 1
+        getter = _Getter(dflash, f"{source}: dflash_config")
+        v2_fields = {k: getter.int(k) for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                "selector_top_k")}
+        low = [k for k, v in v2_fields.items() if v < 1]
+        if low:
+            raise ConvertError(f"{source}: dflash_config.{low[0]} must be at least 1, got {v2_fields[low[0]]}")
     return DFlashConfig(
         hidden_size=hidden, num_hidden_layers=get.int("num_hidden_layers"), num_attention_heads=heads,
         num_key_value_heads=get.int("num_key_value_heads", heads), head_dim=get.int("head_dim", hidden // max(heads, 1)),
@@ -63,7 +74,7 @@ def parse_config(cfg: Any, source: str = "config.json") -> DFlashConfig:
         max_position_embeddings=get.int("max_position_embeddings", 0),
         hidden_act=str(cfg.get("hidden_act", "silu")), target_layer_ids=tuple(ids), mask_token_id=mask,
         block_size=_Getter(dflash, source).int("block_size", get.int("block_size", 16)),
-        num_target_layers=get.int("num_target_layers", 0),
+        num_target_layers=get.int("num_target_layers", 0), **v2_fields,
     )
 
 

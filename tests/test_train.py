@@ -1217,3 +1217,69 @@ def test_cli_device_cuda_without_a_gpu_is_a_clear_error(capsys):
         with pytest.raises(SystemExit) as e:
             _device(name)
         assert e.value.code == 2 and "sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_dflash2_warm_start_trains_the_selector_and_exports(smoke, tmp_path):
+    """--dflash2 --init-from the smoke's DFlash drafter: at step 0 the DFlash weights, identity
+    convolutions and zero successor codes (the same drafts); training lowers the selector's loss on a
+    fixed batch; the export converts to a DFlash2 GGUF whose lattice matches the PyTorch model."""
+    from tfm_local.train.checks import lattice_parity, load_torch_drafter
+    from tfm_local.train.export import export
+    from tfm_local.train.fit import fit
+    from tfm_local.train.recipe import selector_loss
+    from tfm_local.train.target_torch import TorchTarget
+    from tfm_local.train.warmstart import ShapeRequest
+    from tfm_local.train.smoke import _sequences
+
+    target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
+    shape = ShapeRequest(dflash2=True)
+    fit(corpus, target, tmp_path / "s0", _opts(0), None, progress=False, init_from=smoke.paths["hf"], shape=shape)
+    ck0 = load_checkpoint(tmp_path / "s0" / "checkpoint.pt")
+    src = _source_tensors(smoke.paths["hf"])
+    assert all(torch.equal(ck0["model"][k], v) for k, v in src.items())
+    base = ck0["model"]["layers.0.attention_conv.base_kernel"]
+    assert torch.equal(base[:, 0], torch.ones_like(base[:, 0])) and not base[:, 1:].any()
+    assert not ck0["model"]["layers.0.mlp_conv.kernel_projection.weight"].any()
+    assert not ck0["model"]["candidate_selector.successor_codebook"].any()
+
+    ckpt = fit(corpus, target, tmp_path / "s1", _opts(100), None, progress=False, init_from=smoke.paths["hf"],
+               shape=shape)
+    seqs = _sequences(corpus, 3)
+    tt = TorchTarget(target, n_layers=None)
+    responses = [(torch.tensor(q.ids.tolist())[None], q.prompt_len) for q in load_corpus(corpus)[1][:6]]
+
+    def sel_loss(path, pair=True):
+        """The selector's loss over blocks anchored in the responses (teacher-forced predecessors);
+        ``pair=False``: with zero successor codes (the drafter's logits alone)."""
+        model = load_torch_drafter(path)
+        if not pair:
+            with torch.no_grad():
+                model.candidate_selector.successor_codebook.zero_()
+        S, total, n = model.config.block_size, 0.0, 0
+        for ids, p0 in responses:
+            L = ids.shape[1]
+            if L - S - p0 < 8:
+                continue
+            anchors = torch.arange(p0, L - S, max(1, (L - S - p0) // 6))[None, :6]
+            noise = torch.full((1, anchors.shape[1] * S), model.config.mask_token_id)
+            noise_pos = (anchors[0, :, None] + torch.arange(S)).reshape(1, -1)
+            noise[0, ::S] = ids[0, anchors[0]]
+            with torch.no_grad():
+                h = model(tt.layer_inputs(ids, model.feature_layers).float(), torch.arange(L),
+                          tt.embed(noise).float(), noise_pos, block_mask(anchors, L, S))[0]
+                keep = torch.ones(h.shape[0], dtype=torch.bool)
+                keep[::S] = False  # the anchors
+                labels, prev = ids[0, noise_pos[0][keep]], ids[0, noise_pos[0][keep] - 1]
+                loss = selector_loss(model, tt.lm_head, h[keep], prev, labels, torch.ones(int(keep.sum())), False)[0]
+            total, n = total + loss.item(), n + 1
+        assert n >= 3
+        return total / n
+
+    assert sel_loss(tmp_path / "s0" / "checkpoint.pt") == sel_loss(tmp_path / "s0" / "checkpoint.pt", pair=False)
+    with_pair, alone = sel_loss(ckpt), sel_loss(ckpt, pair=False)
+    assert with_pair < 0.9 * alone, (with_pair, alone)
+    paths = export(ckpt, target, tmp_path / "export", ("f32",))
+    cfg = json.loads((paths["hf"] / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    rows, err, n = lattice_parity(paths["f32"], load_torch_drafter(ckpt), target, seqs[:1], n_points=3, threads=1)
+    assert n == 3 * 15 and rows >= 0.97 and err < 1e-2

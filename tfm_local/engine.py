@@ -75,8 +75,10 @@ class Engine:
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
         tree: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
-            (the w-wide heap scored by the Weaver) or "dartree" (DARTree with the Weaver as correction
-            head; both need ``weaver``); for trees ``budget`` counts drafted nodes. tree_top_k: candidates per block position.
+            (the w-wide heap scored by the Weaver; needs ``weaver``) or "dartree" (DARTree with the Weaver
+            as correction head, or a DFlash2 drafter's path selector); for trees ``budget`` counts drafted
+            nodes. A DFlash2 drafter's chain, DDTree and DARTree come from its selector's lattice
+            (``decode.lattice``). tree_top_k: candidates per block position (of the marginals).
         tree_width: heap entries expanded together by "wide".
         greedy_argmax: at temperature 0, "backend" reads each verified row's argmax computed on
             the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
@@ -112,7 +114,7 @@ class Engine:
         _check_budget(budget)
         if tree not in TREE_SHAPES:
             raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
-        if tree in WEAVER_SHAPES and weaver is None:
+        if tree == "tfm" and weaver is None:
             raise ValueError(f'tree="{tree}" needs a Weaver: --weaver WEAVER.gguf in the tools, '
                              f'Engine(..., weaver="weaver.gguf") in Python')
         if int(tree_width) < 1 or int(tree_top_k) < 1:
@@ -131,6 +133,10 @@ class Engine:
         if int(tree_top_k) > n_vocab:
             self.close()
             raise ValueError(f"tree_top_k must be at most the vocabulary size {n_vocab} (got {tree_top_k})")
+        if tree == "dartree" and weaver is None and not self._dflash2:
+            self.close()
+            raise ValueError('tree="dartree" needs a correction head: a Weaver (--weaver WEAVER.gguf in the tools, '
+                             'Engine(..., weaver="weaver.gguf") in Python) or a DFlash2 drafter (its path selector)')
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.tfm = None  # the Weaver's side of "tfm" steps (decode.weaver.TfmDrafter)
         self.weaver_ms: dict[str, float] = {}  # ms a TfM tree on each device tried at load (GPU machines)
@@ -205,6 +211,11 @@ class Engine:
         self._warmed |= set(new)
         self._drafter_warmed = self._drafter_warmed or dft is not None
 
+    @property
+    def _dflash2(self) -> bool:
+        """The drafter is a DFlash2 drafter (its path selector: lattice trees, DARTree's head)."""
+        return self.drafter is not None and self.drafter.selector_top_k > 0
+
     def set_draft(self, tree: str, budget: int | str | None) -> None:
         """Switch the draft shape (``"chain"``, ``"ddtree"``, ``"wide"``) and the budget (as ``set_budget``).
 
@@ -213,8 +224,9 @@ class Engine:
         """
         if tree not in TREE_SHAPES:
             raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
-        if tree in WEAVER_SHAPES and self.tfm is None:
-            raise ValueError(f'tree="{tree}" needs the engine built with a Weaver (Engine(..., weaver=...))')
+        if tree in WEAVER_SHAPES and self.tfm is None and not (tree == "dartree" and self._dflash2):
+            raise ValueError(f'tree="{tree}" needs the engine built with a Weaver (Engine(..., weaver=...))'
+                             + (" or a DFlash2 drafter" if tree == "dartree" else ""))
         old = self.tree_mode
         self.tree_mode = tree
         try:

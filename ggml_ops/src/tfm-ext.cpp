@@ -30,7 +30,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 15;
+    return 16;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -55,6 +55,14 @@ const int32_t * tfm_model_target_layers(const llama_model * model, uint32_t * n)
 
 int32_t tfm_model_selector_top_k(const llama_model * model) {
     return llama_model_dflash_selector_top_k(model);
+}
+
+void tfm_lattice_enable(llama_context * ctx, bool on) {
+    llama_set_embeddings_nextn(ctx, on, /*masked =*/ false);
+}
+
+const float * tfm_lattice_get(llama_context * ctx) {
+    return llama_get_embeddings_nextn(ctx);
 }
 
 int32_t tfm_batch_tokens(llama_batch_ext * batch, int32_t n, const int32_t * tokens, const int32_t * pos,

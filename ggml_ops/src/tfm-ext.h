@@ -35,6 +35,17 @@ LLAMA_API const int32_t * tfm_model_target_layers(const struct llama_model * mod
 // DFlash2 selector top-k (0 when the drafter has no path selector).
 LLAMA_API int32_t tfm_model_selector_top_k(const struct llama_model * model);
 
+// DFlash2 (API version 16). tfm_lattice_enable: copy the path selector's lattice of every following
+// token batch to the host (llama_set_embeddings_nextn, one row per token, not only the output rows).
+// tfm_lattice_get: the lattice of the last token batch, [n_tokens, n_embd] float32, or NULL when off.
+// Row j of a block [anchor, MASK, ...] (the pinned src/models/dflash.cpp, build_dflash2_selector):
+// row 0 zeros; row j >= 1: the K candidate ids of block position j (the drafter's top-K by logit, in
+// no particular order, as floats),
+// then K x K scores, predecessor-major: score[p*K + s] = the score of candidate s at position j after
+// candidate p of position j-1 (row 1: after the anchor, the K rows equal). K = tfm_model_selector_top_k.
+LLAMA_API void tfm_lattice_enable(struct llama_context * ctx, bool on);
+LLAMA_API const float * tfm_lattice_get(struct llama_context * ctx);
+
 // Batch filling in one call (API version 9; the per-token llama_batch_ext_* calls cost ~2 us each
 // from Python). Both clear the batch first.
 // tfm_batch_tokens: n tokens, token i at position pos[i] in sequence seq_ids[i] (seq_ids NULL: 0),

@@ -212,7 +212,7 @@ def cmd_fit(args) -> None:
     opts = _fit_options(args)  # option errors before any model is looked up
     target = _target(args.target)
     # the shape options given: a new drafter's shape; checked against a resumed or warm-start drafter's
-    shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token)
+    shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token, True if args.dflash2 else None)
     ckpt = fit(args.corpus, target, args.out, opts, None, _device(args.device),
                restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers)
     if not is_main_process():  # under torchrun rank 0 alone reports and exports
@@ -295,14 +295,20 @@ def cmd_check_features(args) -> None:
 
 def cmd_parity(args) -> None:
     """``tfm-train parity``: exit 1 when the agreement is below --min."""
-    from tfm_local.train.checks import drafter_parity, load_torch_drafter, sample_sequences
+    from tfm_local.train.checks import drafter_parity, lattice_parity, load_torch_drafter, sample_sequences
     from tfm_local.train.corpus import load_corpus
 
     target = _target(args.target)
     seqs = ([s.ids.tolist()[: args.max_len] for s in load_corpus(args.corpus)[1][: args.n_seqs]] if args.corpus
             else sample_sequences(target, 64, args.threads))
-    agree, n = drafter_parity(args.drafter, load_torch_drafter(args.weights), target, seqs, args.points, args.threads)
+    model = load_torch_drafter(args.weights)
+    agree, n = drafter_parity(args.drafter, model, target, seqs, args.points, args.threads)
     print(f"top-1 agreement {agree:.4f} over {n} block positions (threshold {args.min})")
+    if model.config.dflash2:  # the selector's lattice too
+        rows, err, m = lattice_parity(args.drafter, model, target, seqs, args.points, args.threads)
+        print(f"DFlash2 lattice: best successors agree in {rows:.4f} of {m} rows (threshold {args.min}); "
+              f"largest score difference {err:.2e} of the largest score")
+        agree = min(agree, rows)
     if agree < args.min:
         raise SystemExit(1)
 
@@ -393,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ffn", type=int, default=None, help="drafter MLP width (default 3 × hidden)")
     p.add_argument("--target-layers", type=int, default=None, help="target layers read, shallow to deep (default 5)")
     p.add_argument("--mask-token", type=int, default=None, help="MASK id (default: first unused id of the vocabulary)")
+    p.add_argument("--dflash2", action="store_true",
+                   help="a DFlash2 drafter: dynamic convolutions and a path selector, trained jointly; with "
+                        "--init-from a DFlash drafter, they start as the identity (the same drafts at step 0)")
     p.add_argument("--init-from", default=None, metavar="PATH",
                    help="start a new run from this drafter's weights (z-lab folder with config.json + "
                         "model.safetensors, a checkpoint.pt, or a drafter GGUF of any type, e.g. the shipped "

@@ -4,6 +4,8 @@ the engine calls it once per step):
 - ``draft``    the DFlash drafter: target features injected into its KV cache, one block pass,
                the chain or the top-K marginals per block position (``DFlashDrafter``)
 - ``tree``     the draft tree (``Tree``) and its builders from the marginals: chain, DDTree, w-wide
+- ``lattice``  a DFlash2 drafter's selector lattice: greedy and sampled walks, best-first lattice trees,
+               the selector as DARTree's path scorer
 - ``verify``   the target: prefill, one-pass verification of a tree (a chain is a tree) giving the
                target's choice per node, commit of the accepted path, layer features (``Target``)
 - ``accept``   the lossless acceptance walk over the verified tree

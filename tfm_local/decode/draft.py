@@ -27,6 +27,11 @@ of a generation: its scheduler reserve falls on the prefill) or the first
 next ``top_k`` re-attaches it (a scheduler reserve each time). While attached,
 a raw decode of a token block on ``ctx`` does not fill ``ctx.logits``.
 
+A DFlash2 drafter (``selector_top_k`` > 0; z-lab DFlash2) runs the same passes; its graph also
+writes the path selector's lattice (``lattice``: the top-K candidates of each block position and
+their K × K predecessor → successor scores), which the step walks or builds trees over
+(``decode.lattice``).
+
 Graph reuse: each step decodes an injection batch (no outputs) and the block pass (all
 outputs) on ``ctx``. llama.cpp reuses a kept graph only if it was the last one its scheduler
 allocated, so with one scheduler neither graph is ever reused; the drafter therefore turns on
@@ -43,6 +48,7 @@ import numpy as np
 
 from ..llama import native
 from ..llama.model import Context, Model
+from .lattice import Lattice
 from .verify import Target
 
 
@@ -102,6 +108,8 @@ class DFlashDrafter:
             if not 0 <= self.mask_token < target.model.n_vocab:
                 raise DrafterMismatchError(f"drafter {name}: mask token {self.mask_token} is outside the "
                                            f"target's vocabulary of {target.model.n_vocab}")
+            #: DFlash2: candidates per block position of the path selector's lattice (0: a DFlash drafter)
+            self.selector_top_k = native.model_selector_top_k(self.model.ptr)
         except Exception:
             self.model.close()
             raise
@@ -109,6 +117,8 @@ class DFlashDrafter:
         self.ctx = Context(self.model, n_ctx=target.n_ctx, n_batch=n_ub, n_ubatch=n_ub, kv_type=kv_type,
                            n_threads=n_threads, ctx_other=target.ctx)
         lc.llama_set_causal_attn(self.ctx.ptr, False)
+        if self.selector_top_k:  # every block pass's lattice to the host (K + K² floats a position)
+            native.lattice_enable(self.ctx.ptr, True)
         self.keep_graphs = keep_graphs and native.keep_graphs(self.ctx.ptr, True)
         target.set_features(self.layers)
         self._n_injected = 0  # target position after the last injected row
@@ -307,6 +317,17 @@ class DFlashDrafter:
         finally:
             self.ctx.set_embeddings(False)
         return cand, logp, hidden
+
+    def lattice(self, last_token: int, pos: int, n_draft: int) -> Lattice:
+        """A DFlash2 drafter's pass as ``marginals``; its path selector's lattice over block positions
+        1..n_draft (``decode.lattice``): the top-K candidates of each position and their K × K scores.
+        Raises ValueError for a DFlash drafter or ``n_draft`` outside 1..block_size-1."""
+        if not self.selector_top_k:
+            raise ValueError(f"drafter {self.model.path.name} is not a DFlash2 drafter (no path selector)")
+        self._check_n_draft(n_draft)
+        self._decode_block(last_token, pos, n_draft)
+        cand, scores = native.lattice_rows(self.ctx.ptr, 1, n_draft, self.model.n_embd, self.selector_top_k)
+        return Lattice(cand, scores)
 
     def draft_chain(self, last_token: int, pos: int, n_draft: int) -> list[int]:
         """Greedy chain of ``n_draft`` tokens: the most likely token of each block position (``top_k``, k = 1)."""

@@ -5,7 +5,8 @@ is not in it yet and is the root of this step's tree. A step:
 
 1. **budget** ``k`` drafted nodes (``draft_limit``; the automatic budget may pick fewer, 0 = plain);
 2. **draft** one drafter pass over the block after ``last`` (draft.py) and **tree**: the chain, or a
-   DDTree / w-wide tree of ``k`` nodes from the top-K marginals ``[D, K]`` (tree.py);
+   DDTree / w-wide tree of ``k`` nodes from the top-K marginals ``[D, K]`` (tree.py); a DFlash2
+   drafter's chain, DDTree and DARTree come from its selector's lattice instead (lattice.py);
 3. **verify** the tree ``[1 + k]`` nodes in one target pass (verify.py): the target's choice per node,
    by the generation's rule (backend argmax, or the host's argmax / sample of the node's logits);
 4. **accept**: the lossless walk from the root along the target's choices (accept.py);
@@ -30,8 +31,9 @@ import numpy as np
 from .accept import walk_tree
 from .budget import AutoBudget, gain_curve
 from .draft import DFlashDrafter
+from .lattice import Lattice, build_lattice_tree, greedy_walk, selector_scorer, chain_tree
 from .stats import PHASES, PhaseClock
-from .tree import BUILDERS, Tree, build_chain, build_wide
+from .tree import BUILDERS, Tree, build_chain, build_dartree, build_wide
 from .verify import Target
 
 #: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
@@ -143,12 +145,26 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
     ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
     """
     depth = min(drafter.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
-    if shape.tree == "chain" and not with_curve:
+    if drafter.selector_top_k and shape.tree in LATTICE_SHAPES and (shape.tree != "dartree" or shape.weaver is None):
+        tree = lattice_tree(drafter.lattice(last, pos, depth), shape.tree, last, k_plan)
+        clock.mark("drafter")
+    elif shape.tree == "chain" and not with_curve:
         drafts = np.asarray(drafter.draft_chain(last, pos, k), dtype=np.int64)
         clock.mark("drafter")
         tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
         clock.mark("tree")
         return tree, None
+    else:
+        tree = _marginal_tree(drafter, shape, last, pos, depth, k, k_plan, clock)
+    curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
+    tree = tree.truncate(k) if with_curve else tree
+    clock.mark("tree")
+    return tree, curve
+
+
+def _marginal_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, depth: int, k: int,
+                   k_plan: int, clock: PhaseClock) -> Tree:
+    """The tree of ``k_plan`` nodes from the drafter's marginals (and the Weaver's scores for TfM shapes)."""
     tfm = shape.weaver if shape.tree in WEAVER_SHAPES else None
     if tfm is not None and tfm.h_target is not None:
         cand, logp, hidden = drafter.top_k_hidden(last, pos, drafter.block_size - 1, tfm.top_k)
@@ -161,10 +177,21 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
             tree = build_wide(last, cand, logp, k_plan, width=shape.width)
         else:
             tree = BUILDERS["ddtree" if shape.tree in WEAVER_SHAPES else shape.tree](last, cand, logp, k_plan)
-    curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
-    tree = tree.truncate(k) if with_curve else tree
-    clock.mark("tree")
-    return tree, curve
+    return tree
+
+
+#: the shapes a DFlash2 drafter builds over its selector's lattice (``lattice_tree``)
+LATTICE_SHAPES = ("chain", "ddtree", "dartree")
+
+
+def lattice_tree(lat: Lattice, tree: str, last: int, k_plan: int) -> Tree:
+    """A DFlash2 drafter's tree of ``k_plan`` nodes over its lattice: the chain is the greedy walk, DDTree
+    the exact best-first lattice tree, DARTree with the selector as its correction head."""
+    if tree == "chain":
+        return chain_tree(last, lat, *greedy_walk(lat, k_plan))
+    if tree == "dartree":
+        return build_dartree(last, lat.cand, k_plan, selector_scorer(lat))
+    return build_lattice_tree(last, lat, k_plan)
 
 
 def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, budget: int,

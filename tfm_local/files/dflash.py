@@ -15,6 +15,16 @@ q = n_heads·head_dim, kv = n_kv_heads·head_dim: per layer ``self_attn.q_proj``
 ``mlp.gate_proj`` / ``up_proj`` [ffn, hidden], ``down_proj`` [hidden, ffn], the two layer norms
 [hidden]; globally ``fc`` [hidden, n_target_layers·hidden], ``hidden_norm`` and ``norm`` [hidden].
 
+A DFlash2 drafter (z-lab ``DFlash2DraftModel``) is a DFlash drafter with two additions (docs/design.md
+§5): a dynamic short convolution around each attention and MLP sublayer, per layer
+``attention_conv`` / ``mlp_conv`` with ``base_kernel`` [2 sides, K taps, hidden] (stored without
+``.weight``) and ``kernel_projection.weight`` [2·K·hidden/G, hidden] (G = ``conv_group_size``), and a
+path selector, ``candidate_selector.hidden_projection.weight`` [r, hidden] and the
+``predecessor_codebook`` / ``successor_codebook`` [vocab, r] (stored without ``.weight``). In the
+GGUF (the pinned llama.cpp's ``dflash`` architecture recognises DFlash2 by ``selector_hidden``):
+``blk.N.{attn,ffn}_conv_base`` (F32, no ``.weight``), ``blk.N.{attn,ffn}_conv_proj.weight``,
+``selector_hidden.weight``, ``selector_{predecessor,successor}.weight``.
+
 Plain data, no checks and no errors of its own: validating a ``config.json`` is the converter's
 (``tfm_convert.zlab.parse_config``, which raises ConvertError); ``gguf_name`` raises KeyError for a
 name that is not a drafter tensor's.
@@ -26,6 +36,8 @@ from typing import Any
 
 #: ``architectures`` entry of a DFlash drafter's ``config.json``.
 ARCHITECTURE = "DFlashDraftModel"
+#: ``architectures`` entry of a DFlash2 drafter's ``config.json``.
+ARCHITECTURE_V2 = "DFlash2DraftModel"
 
 #: Per-layer tensors: HF suffix after ``layers.N.`` → GGUF suffix after ``blk.N.``.
 LAYER_NAMES = {
@@ -40,6 +52,11 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # DFlash2: the dynamic short convolutions around the two sublayers
+    "attention_conv.base_kernel": "attn_conv_base",
+    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+    "mlp_conv.base_kernel": "ffn_conv_base",
+    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
 }
 
 #: Global tensors: HF name → GGUF name.
@@ -47,6 +64,10 @@ GLOBAL_NAMES = {
     "fc.weight": "fc.weight",
     "hidden_norm.weight": "enc.output_norm.weight",
     "norm.weight": "output_norm.weight",
+    # DFlash2: the path selector
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+    "candidate_selector.successor_codebook": "selector_successor.weight",
 }
 
 #: Copies of the target's frozen embedding / LM head some exports carry; dropped.
@@ -63,6 +84,8 @@ class DrafterDims:
         n_heads, n_kv_heads, head_dim: attention geometry.
         ffn: MLP intermediate size.
         n_target_layers: number of target layers whose features are concatenated.
+        conv_kernel, conv_group, selector_rank, vocab: DFlash2's convolution taps and channel group,
+            the selector's rank and the vocabulary of its codebooks (all 0 for DFlash).
     """
 
     hidden: int
@@ -72,6 +95,10 @@ class DrafterDims:
     head_dim: int
     ffn: int
     n_target_layers: int
+    conv_kernel: int = 0
+    conv_group: int = 0
+    selector_rank: int = 0
+    vocab: int = 0
 
 
 def strip_prefix(name: str) -> str:
@@ -100,6 +127,14 @@ def expected_shapes(d: DrafterDims) -> dict[str, tuple[int, ...]]:
         "hidden_norm.weight": (d.hidden,),
         "norm.weight": (d.hidden,),
     }
+    if d.selector_rank:  # DFlash2
+        projected = 2 * d.conv_kernel * (d.hidden // d.conv_group)
+        for conv in ("attention_conv", "mlp_conv"):
+            per_layer[f"{conv}.base_kernel"] = (2, d.conv_kernel, d.hidden)
+            per_layer[f"{conv}.kernel_projection.weight"] = (projected, d.hidden)
+        shapes.update({"candidate_selector.hidden_projection.weight": (d.selector_rank, d.hidden),
+                       "candidate_selector.predecessor_codebook": (d.vocab, d.selector_rank),
+                       "candidate_selector.successor_codebook": (d.vocab, d.selector_rank)})
     for i in range(d.n_layers):
         shapes.update({f"layers.{i}.{k}": v for k, v in per_layer.items()})
     return shapes
@@ -120,8 +155,14 @@ def gguf_name(hf_name: str) -> str:
 
 
 def is_norm(hf_name: str) -> bool:
-    """True for RMSNorm weights (kept F32 in every output type)."""
+    """True for RMSNorm weights."""
     return hf_name.endswith("norm.weight") or hf_name.endswith("layernorm.weight")
+
+
+def keeps_f32(hf_name: str) -> bool:
+    """True for the tensors every output type keeps in F32: the norms and DFlash2's base kernels
+    (llama.cpp adds them to the dynamic coefficients, an F32 operation)."""
+    return is_norm(hf_name) or hf_name.endswith(".base_kernel")
 
 
 @dataclass(frozen=True)
@@ -140,6 +181,9 @@ class DFlashConfig:
         mask_token_id: id of the MASK token in the target vocabulary.
         block_size: tokens per drafted block (16 for DFlash).
         num_target_layers: depth of the target it was trained for (0 when absent).
+        conv_kernel_size, conv_group_size, selector_rank, selector_top_k: DFlash2's convolution taps,
+            channels per dynamic coefficient, selector rank and candidates per position (all 0 for
+            DFlash).
     """
 
     hidden_size: int
@@ -157,18 +201,35 @@ class DFlashConfig:
     mask_token_id: int
     block_size: int
     num_target_layers: int = 0
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+
+    @property
+    def dflash2(self) -> bool:
+        """True for a DFlash2 drafter (a path selector and dynamic convolutions)."""
+        return self.selector_top_k > 0
 
     @property
     def dims(self) -> DrafterDims:
         """Tensor-shape sizes of this drafter."""
+        v2 = self.dflash2
         return DrafterDims(self.hidden_size, self.num_hidden_layers, self.num_attention_heads,
                            self.num_key_value_heads, self.head_dim, self.intermediate_size,
-                           len(self.target_layer_ids))
+                           len(self.target_layer_ids), conv_kernel=self.conv_kernel_size if v2 else 0,
+                           conv_group=self.conv_group_size if v2 else 0,
+                           selector_rank=self.selector_rank if v2 else 0, vocab=self.vocab_size if v2 else 0)
 
     def to_dict(self, dtype: str = "float32") -> dict[str, Any]:
         """A z-lab style ``config.json`` dict (``dtype``: "float32", "float16" or "bfloat16")."""
+        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id,
+                  "block_size": self.block_size}
+        if self.dflash2:
+            dflash.update(conv_kernel_size=self.conv_kernel_size, conv_group_size=self.conv_group_size,
+                          selector_rank=self.selector_rank, selector_top_k=self.selector_top_k)
         return {
-            "architectures": [ARCHITECTURE], "model_type": "qwen3",
+            "architectures": [ARCHITECTURE_V2 if self.dflash2 else ARCHITECTURE], "model_type": "qwen3",
             "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
@@ -177,6 +238,5 @@ class DFlashConfig:
             "hidden_act": self.hidden_act, "attention_bias": False, "tie_word_embeddings": False,
             "use_sliding_window": False, "initializer_range": 0.02, "torch_dtype": dtype,
             "block_size": self.block_size, "num_target_layers": self.num_target_layers,
-            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
-                              "mask_token_id": self.mask_token_id, "block_size": self.block_size},
+            "dflash_config": dflash,
         }

@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 15
+API_VERSION = 16
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -24,6 +24,8 @@ void tfm_set_layer_inp(void * ctx, uint32_t il, bool value);
 const float * tfm_get_layer_inp(void * ctx, uint32_t il);
 const int32_t * tfm_model_target_layers(const void * model, uint32_t * n);
 int32_t tfm_model_selector_top_k(const void * model);
+void tfm_lattice_enable(void * ctx, bool on);
+const float * tfm_lattice_get(void * ctx);
 int32_t tfm_batch_tokens(void * batch, int32_t n, const int32_t * tokens, const int32_t * pos,
                          const int32_t * seq_ids, const int8_t * outputs);
 int32_t tfm_batch_embd(void * batch, int32_t n, const float * rows, int32_t width, int32_t pos0);
@@ -119,6 +121,34 @@ def model_selector_top_k(model) -> int:
     """DFlash2 path-selector top-k of a drafter model (0 for plain DFlash)."""
     ffi, h = lib()
     return int(h.tfm_model_selector_top_k(ffi.cast("void *", _ptr(model))))
+
+
+def lattice_enable(ctx, on: bool) -> None:
+    """Copy a DFlash2 drafter's selector lattice of every following token batch to the host (``on``),
+    or stop (``tfm_lattice_enable``)."""
+    ffi, h = lib()
+    h.tfm_lattice_enable(ffi.cast("void *", _ptr(ctx)), bool(on))
+
+
+def lattice_rows(ctx, i0: int, n: int, n_embd: int, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lattice rows ``i0 .. i0+n-1`` of the last token batch of a DFlash2 drafter (block positions,
+    ``tfm-ext.h``): candidates int64 ``[n, top_k]`` and scores float32 ``[n, top_k, top_k]``
+    (``[j, p, s]``: candidate s of row j after candidate p of row j-1), copies.
+
+    Raises:
+        NativeError: the lattice copy is off (:func:`lattice_enable`).
+        ValueError: ``top_k·(top_k+1) > n_embd`` or a negative range.
+    """
+    if top_k < 1 or top_k * (top_k + 1) > n_embd or i0 < 0 or n < 0:
+        raise ValueError(f"lattice rows {i0}..{i0 + n} of top-{top_k} do not fit rows of {n_embd}")
+    ffi, h = lib()
+    p = h.tfm_lattice_get(ffi.cast("void *", _ptr(ctx)))
+    if p == ffi.NULL:
+        raise NativeError("the DFlash2 lattice was not copied (lattice_enable first)")
+    rows = np.frombuffer(ffi.buffer(p, (i0 + n) * n_embd * 4), dtype=np.float32).reshape(i0 + n, n_embd)[i0:]
+    cand = rows[:, :top_k].astype(np.int64)
+    scores = rows[:, top_k:top_k * (top_k + 1)].reshape(n, top_k, top_k).copy()
+    return cand, scores
 
 
 def batch_handle(batch):

@@ -161,6 +161,61 @@ def drafter_parity(drafter_gguf: str | os.PathLike, drafter_torch, target: str |
     return agree / max(total, 1), total
 
 
+@torch.no_grad()
+def lattice_parity(drafter_gguf: str | os.PathLike, drafter_torch, target: str | os.PathLike,
+                   seqs: list[list[int]], n_points: int = 8, threads: int | None = None) -> tuple[float, float, int]:
+    """A DFlash2 drafter's lattice in llama.cpp against the PyTorch model with the same weights.
+
+    At ``n_points`` positions P of each sequence (as ``drafter_parity``), the block
+    ``[ids[P], MASK × (S-1)]``: llama.cpp's candidates and K × K scores of positions 1 .. S-1 against
+    the PyTorch selector's scores of the same candidates (``CandidateSelector.scores`` over the PyTorch
+    drafter's logits and hidden states), and the greedy walk's first choice of each row.
+
+    The scores differ by ~1e-3 of their magnitude in any case: llama.cpp's CPU product with the target's
+    F16 LM head rounds the hidden state to F16 (a DFlash drafter's logits differ from PyTorch's alike).
+
+    Returns:
+        (share of rows whose best successor of each predecessor agrees, the largest score difference
+        over the largest score magnitude, rows compared).
+    """
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.decode.verify import Target
+    from tfm_local.llama import native
+
+    from .target_torch import TorchTarget
+
+    tt = TorchTarget(target, n_layers=0)
+    S, K = drafter_torch.config.block_size, drafter_torch.config.selector_top_k
+    agree = total = 0
+    err = 0.0
+    for ids in seqs:
+        tgt = Target(target, n_ctx=len(ids) + S + 1, n_batch=min(512, max(S, len(ids))), n_gpu_layers=0,
+                     n_threads=threads)
+        dft = DFlashDrafter(drafter_gguf, tgt, n_gpu_layers=0, n_threads=threads)
+        try:
+            feats = np.concatenate(_collect(tgt, ids))
+            injected = 0
+            for P in np.linspace(1, len(ids) - 1, num=min(n_points, len(ids) - 1)).astype(int):
+                dft.inject(feats[injected:P], injected)
+                injected = P
+                block_logits(dft, int(ids[P]), int(P))
+                cand, scores = native.lattice_rows(dft.ctx.ptr, 1, S - 1, dft.model.n_embd, K)
+                block = torch.tensor([[ids[P]] + [drafter_torch.config.mask_token_id] * (S - 1)])
+                h = drafter_torch(torch.from_numpy(feats[None, :P]), torch.arange(P), tt.embed(block),
+                                  P + torch.arange(S), None)[0, 1:]
+                logits = tt.lm_head(h)
+                c = torch.from_numpy(cand)
+                prev = torch.cat([torch.full((1, K), int(ids[P])), c[:-1]])
+                ref = drafter_torch.candidate_selector.scores(h, torch.gather(logits, 1, c), prev, c).numpy()
+                err = max(err, float(np.abs(ref - scores).max() / max(np.abs(ref).max(), 1e-9)))
+                agree += int((ref.argmax(-1) == scores.argmax(-1)).all(-1).sum())
+                total += S - 1
+        finally:
+            dft.close()
+            tgt.close()
+    return agree / max(total, 1), err, total
+
+
 def block_logits(dft, last_token: int, pos: int) -> np.ndarray:
     """llama.cpp drafter logits ``[S, n_vocab]`` of the block ``[last_token, MASK × (S-1)]`` at ``pos ..``.
 

@@ -200,7 +200,7 @@ class _Run:
         if self.state:
             have, where = config_from_dict(self.state["config"]), f"{self.out / CKPT} holds"
         elif source is not None:
-            have, where = source.config, f"--init-from {source.record['path']} is"
+            have, where = (shape or ShapeRequest()).upgrade(source.config), f"--init-from {source.record['path']} is"
         else:
             return config or (shape or ShapeRequest()).new_config(target)
         bad = (shape or ShapeRequest()).mismatches(have)

@@ -13,6 +13,17 @@ Method: DFlash (arXiv 2602.06036; z-lab/dflash), as run by llama.cpp
   o_proj, residual; RMSNorm → SwiGLU → residual); final RMSNorm ``norm``; the
   target's LM head gives the logits (done by the caller).
 
+DFlash2 (``config.dflash2``; z-lab DFlash2, docs/design.md §5, as the pinned graph computes it):
+
+* a dynamic short convolution before and after each sublayer (``attention_conv``,
+  ``mlp_conv``): coefficients ``kernel_projection(x̂)`` ``[2 sides, K taps, G groups]`` from the
+  sublayer's normalised input x̂, added to ``base_kernel`` ``[2, K, hidden]`` (a group's coefficient
+  shared by its channels); side s maps y to Σ_o w[s, o] · y[t − o], zero-padded at the block's start
+  (no tap crosses it); side 0 acts on x̂, side 1 on the sublayer's output before the residual add;
+* the path selector (``candidate_selector``): for a position's candidates s and a predecessor p,
+  score(p → s) = the drafter's logit of s + Σ_r pred[p]_r · (W h)_r · succ[s]_r, h the position's
+  final hidden state (``CandidateSelector.scores``).
+
 Module attribute names equal the z-lab Hugging Face names (``fc``,
 ``hidden_norm``, ``norm``, ``layers.N.self_attn.q_proj`` ...), so
 ``state_dict()`` is the checkpoint layout ``tfm_convert`` reads.
@@ -86,8 +97,42 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
+class DynamicConv(nn.Module):
+    """DFlash2's dynamic short convolution around one sublayer (see the module doc).
+
+    Initialised as the identity (1 on tap 0 of the base kernel, a zero projection): a fresh DFlash2
+    layer computes what its DFlash layer does.
+    """
+
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.taps, self.groups = c.conv_kernel_size, c.hidden_size // c.conv_group_size
+        base = torch.zeros(2, self.taps, c.hidden_size)
+        base[:, 0] = 1.0
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(c.hidden_size, 2 * self.taps * self.groups, bias=False)
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def weights(self, xn: torch.Tensor) -> torch.Tensor:
+        """Per-token kernels ``[B, Q, 2, K, hidden]`` from the sublayer's normalised input ``xn [B, Q, hidden]``."""
+        B, Q, H = xn.shape
+        dyn = self.kernel_projection(xn).view(B, Q, 2, self.taps, self.groups)
+        return self.base_kernel + dyn.repeat_interleave(H // self.groups, dim=-1)
+
+    def conv(self, y: torch.Tensor, w: torch.Tensor, side: int, block: int) -> torch.Tensor:
+        """Side ``side`` of the convolution on ``y [B, Q, hidden]`` (Q = blocks × ``block``) with ``w``
+        from ``weights``; taps do not cross a block's start."""
+        B, Q, H = y.shape
+        yb = y.view(B, Q // block, block, H)
+        wb = w[:, :, side].view(B, Q // block, block, self.taps, H)
+        out = yb * wb[:, :, :, 0]
+        for o in range(1, min(self.taps, block)):
+            out = out + F.pad(yb[:, :, :block - o], (0, 0, o, 0)) * wb[:, :, :, o]
+        return out.view(B, Q, H)
+
+
 class Layer(nn.Module):
-    """One pre-norm Qwen3 decoder layer of the drafter."""
+    """One pre-norm Qwen3 decoder layer of the drafter (with DFlash2's convolutions when configured)."""
 
     def __init__(self, c: DFlashConfig):
         super().__init__()
@@ -95,11 +140,50 @@ class Layer(nn.Module):
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
+        if c.dflash2:
+            self.attention_conv = DynamicConv(c)
+            self.mlp_conv = DynamicConv(c)
 
-    def forward(self, x, pos, ctx_kv, mask):
-        """Block states ``x [B, Q, hidden]`` through one layer; ``ctx_kv``: this layer's context keys/values."""
-        x = x + self.self_attn(self.input_layernorm(x), pos, ctx_kv, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, pos, ctx_kv, mask, block: int):
+        """Block states ``x [B, Q, hidden]`` through one layer; ``ctx_kv``: this layer's context keys/values;
+        ``block``: tokens per block (DFlash2's convolutions stop at each block's start)."""
+        if not hasattr(self, "attention_conv"):
+            x = x + self.self_attn(self.input_layernorm(x), pos, ctx_kv, mask)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        xn = self.input_layernorm(x)
+        w = self.attention_conv.weights(xn)
+        a = self.self_attn(self.attention_conv.conv(xn, w, 0, block), pos, ctx_kv, mask)
+        x = x + self.attention_conv.conv(a, w, 1, block)
+        xn = self.post_attention_layernorm(x)
+        w = self.mlp_conv.weights(xn)
+        m = self.mlp(self.mlp_conv.conv(xn, w, 0, block))
+        return x + self.mlp_conv.conv(m, w, 1, block)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's path selector: codebooks ``[vocab, r]`` of predecessors and successors and a gate
+    ``W`` ``[r, hidden]`` from a position's final hidden state. Initialised with zero successor codes
+    (every score is the candidate's own logit: the greedy walk is the drafter's top-1 chain)."""
+
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.hidden_projection = nn.Linear(c.hidden_size, c.selector_rank, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.randn(c.vocab_size, c.selector_rank) / c.selector_rank ** 0.5)
+        self.successor_codebook = nn.Parameter(torch.zeros(c.vocab_size, c.selector_rank))
+
+    def scores(self, h: torch.Tensor, unary: torch.Tensor, prev: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """score(p → s) for every predecessor p and candidate s of each position.
+
+        Args:
+            h: ``[..., hidden]`` final hidden states of the positions.
+            unary: ``[..., K]`` the drafter's logits of the candidates.
+            prev: int ``[..., P]`` predecessor token ids. cand: int ``[..., K]`` candidate token ids.
+        Returns:
+            ``[..., P, K]``.
+        """
+        gate = self.hidden_projection(h)[..., None, :]  # [..., 1, r]
+        pair = (self.predecessor_codebook[prev] * gate) @ self.successor_codebook[cand].transpose(-1, -2)
+        return pair + unary[..., None, :]
 
 
 class DFlashDraft(nn.Module):
@@ -118,6 +202,8 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if c.dflash2:
+            self.candidate_selector = CandidateSelector(c)
 
     @property
     def feature_layers(self) -> list[int]:
@@ -125,7 +211,7 @@ class DFlashDraft(nn.Module):
         return [i + 1 for i in self.config.target_layer_ids]
 
     def forward(self, features: torch.Tensor, ctx_pos: torch.Tensor, noise: torch.Tensor,
-                noise_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+                noise_pos: torch.Tensor, mask: torch.Tensor | None, block: int | None = None) -> torch.Tensor:
         """Hidden states of the block positions after the final norm.
 
         Args:
@@ -134,13 +220,16 @@ class DFlashDraft(nn.Module):
             noise: ``[B, Q, hidden]`` embeddings of the block tokens (one or more blocks).
             noise_pos: ``[Q]`` or ``[B, Q]`` positions of the block tokens.
             mask: bool ``[B|1, 1, Q, L + Q]``, True = may attend (None = all).
+            block: tokens per block, Q a multiple of it (DFlash2's convolutions; default: the
+                config's block size, or Q when Q is shorter).
         Returns:
             ``[B, Q, hidden]``; logits = the target's LM head of this.
         """
         g = self.hidden_norm(self.fc(features))
         x = noise
+        block = block or min(self.config.block_size, noise.shape[1])
         for layer in self.layers:
-            x = layer(x, noise_pos, layer.self_attn.kv(g, ctx_pos), mask)
+            x = layer(x, noise_pos, layer.self_attn.kv(g, ctx_pos), mask, block)
         return self.norm(x)
 
 

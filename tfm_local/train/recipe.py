@@ -14,6 +14,13 @@ PyTorch target's final hidden state at the previous position and its LM head):
 knowledge distillation on top of the greedy label, as in the EAGLE/Medusa
 drafter recipes.
 
+A DFlash2 drafter (``config.dflash2``) adds its path selector's loss, trained jointly: at every
+labelled block position, the candidates are the drafter's top-K tokens (K = ``selector_top_k``), the
+predecessor the target's own token before the label (teacher forcing; the anchor at position 1), and
+the loss the cross-entropy of the label among the candidates' selector scores (the drafter's logits
+held fixed plus the bilinear term, ``CandidateSelector.scores``); a position whose label is not a
+candidate adds none (``selector_loss``).
+
 The acceptance proxy is the expected accepted length of a greedy chain if
 the drafter's top-1 were checked against the labels (the target's greedy
 tokens): mean over anchors of Σ_k Π_{j≤k} 1[top1_j = label_j].
@@ -148,12 +155,46 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
         soft = (final[rows, batch.noise_pos[sel] - 1], alpha[rows])
     total, hits = _chunked_head_loss(target.lm_head, hs, labels, w, autocast, soft=soft)
     loss = total / w.sum().clamp(min=1e-9)
+    if drafter.config.dflash2:
+        rows = torch.arange(B, device=h.device)[:, None].expand(-1, A * block)[sel]
+        prev = batch.ids[rows, batch.noise_pos[sel] - 1]  # the target's token before each label
+        loss = loss + selector_loss(drafter, target.lm_head, hs, prev, labels, w, autocast)[0]
     correct = torch.zeros(B, A * block, dtype=torch.bool, device=h.device)
     correct[sel] = hits
     return loss, correct.view(B, A, block)[:, :, 1:]
 
 
 HEAD_CHUNK = 8192  # rows of the LM head computed at once: bounds the [rows, n_vocab] logits in memory
+
+
+def selector_loss(drafter: DFlashDraft, lm_head, h: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor,
+                  w: torch.Tensor, autocast: bool, chunk: int = HEAD_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """DFlash2's selector loss over labelled block positions (see the module doc).
+
+    Args:
+        h: ``[rows, hidden]`` the drafter's final hidden states. prev, labels: int ``[rows]``, the
+            target's token before each label and the label. w: ``[rows]`` position weights.
+    Returns:
+        (Σ w·CE / Σ w over the rows whose label is a candidate (0 when none), bool ``[rows]``: the
+        selector's best candidate after ``prev`` is the label).
+    """
+    K = drafter.config.selector_top_k
+    cand, unary = [], []
+    with torch.no_grad():  # the candidates and their logits, chunk by chunk (never [rows, n_vocab] at once)
+        for s in range(0, h.shape[0], chunk):
+            with torch.autocast(device_type=h.device.type, dtype=torch.bfloat16, enabled=autocast):
+                top = lm_head(h[s:s + chunk]).float().topk(K, dim=-1)
+            cand.append(top.indices)
+            unary.append(top.values)
+    cand, unary = torch.cat(cand), torch.cat(unary)
+    scores = drafter.candidate_selector.scores(h.float(), unary, prev[:, None], cand)[:, 0]  # [rows, K]
+    is_label = cand == labels[:, None]
+    has = is_label.any(-1)
+    hits = has & (scores.argmax(-1) == is_label.float().argmax(-1))
+    if not bool(has.any()):
+        return scores.sum() * 0.0, hits
+    ce = F.cross_entropy(scores[has], is_label[has].float().argmax(-1), reduction="none")
+    return (ce * w[has]).sum() / w[has].sum().clamp(min=1e-9), hits
 
 
 def _head_ce(lm_head, h: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, autocast: bool,

@@ -181,6 +181,8 @@ def load_source(model: torch.nn.Module, src: InitSource) -> None:
     missing, unexpected = model.load_state_dict(src.state, strict=False)
     if grown is not None:
         missing = [k for k in missing if not (k.startswith("layers.") and int(k.split(".")[1]) >= grown)]
+    if model.config.dflash2 and not src.config.dflash2:  # DFlash → DFlash2: the new parts start as the identity
+        missing = [k for k in missing if not (k.startswith("candidate_selector.") or "_conv." in k)]
     if missing or unexpected:
         raise TrainError(f"--init-from {src.record['path']}: weights do not fit the drafter "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
@@ -194,17 +196,30 @@ class ShapeRequest:
     ffn: int | None = None
     target_layers: int | None = None
     mask_token: int | None = None
+    dflash2: bool | None = None
 
     def new_config(self, target: str | os.PathLike) -> DFlashConfig:
-        """A fresh drafter config for ``target``: the given options, else 5 layers, 3 × hidden MLP, 5 target layers."""
+        """A fresh drafter config for ``target``: the given options, else 5 layers, 3 × hidden MLP, 5 target
+        layers; DFlash2 (``random_init.dflash2_geometry``) when asked."""
         from .fit import drafter_config
 
-        return drafter_config(target, 5 if self.layers is None else self.layers, self.ffn,
-                              5 if self.target_layers is None else self.target_layers, self.mask_token)
+        config = drafter_config(target, 5 if self.layers is None else self.layers, self.ffn,
+                                5 if self.target_layers is None else self.target_layers, self.mask_token)
+        return self.upgrade(config)
+
+    def upgrade(self, config: DFlashConfig) -> DFlashConfig:
+        """``config`` as a DFlash2 drafter's when ``dflash2`` is asked and it is a DFlash one (a warm start
+        from a DFlash drafter: the new convolutions and selector start as the identity, ``model``)."""
+        if not self.dflash2 or config.dflash2:
+            return config
+        from tfm_convert.random_init import dflash2_geometry
+
+        return dataclasses.replace(config, **dflash2_geometry(config.hidden_size, config.vocab_size))
 
     def mismatches(self, config: DFlashConfig) -> list[str]:
         """``"--option N (drafter: M)"`` for each given option that ``config`` does not have."""
         have = {"layers": config.num_hidden_layers, "ffn": config.intermediate_size,
-                "target_layers": len(config.target_layer_ids), "mask_token": config.mask_token_id}
+                "target_layers": len(config.target_layer_ids), "mask_token": config.mask_token_id,
+                "dflash2": config.dflash2}
         return [f"--{k.replace('_', '-')} {v} (drafter: {have[k]})" for k, v in vars(self).items()
                 if v is not None and v != have[k]]
