@@ -118,6 +118,39 @@ def load_torch_drafter(path: str | os.PathLike):
     return model.eval()
 
 
+def _block_passes(drafter_gguf, drafter_torch, target, seqs, n_points: int, threads: int | None):
+    """The block passes of both drafters that the parity checks compare: for each sequence, ``n_points``
+    draft positions P spread over it; both drafters get llama.cpp's features of tokens ``0 .. P-1`` and the
+    block ``[ids[P], MASK × (S-1)]`` at ``P ..``. Yields ``(dft, llama.cpp logits [S, n_vocab], PyTorch
+    hidden states [S, hidden], the anchor ids[P])``, the llama.cpp drafter's pass just run (its lattice
+    readable)."""
+    from tfm_local.decode.draft import DFlashDrafter
+    from tfm_local.decode.verify import Target
+
+    from .target_torch import TorchTarget
+
+    tt = TorchTarget(target, n_layers=0)
+    S = drafter_torch.config.block_size
+    for ids in seqs:
+        tgt = Target(target, n_ctx=len(ids) + S + 1, n_batch=min(512, max(S, len(ids))), n_gpu_layers=0,
+                     n_threads=threads)
+        dft = DFlashDrafter(drafter_gguf, tgt, n_gpu_layers=0, n_threads=threads)
+        try:
+            feats = np.concatenate(_collect(tgt, ids))
+            injected = 0
+            for P in np.linspace(1, len(ids) - 1, num=min(n_points, len(ids) - 1)).astype(int):
+                dft.inject(feats[injected:P], injected)
+                injected = P
+                ref = block_logits(dft, int(ids[P]), int(P))
+                block = torch.tensor([[ids[P]] + [drafter_torch.config.mask_token_id] * (S - 1)])
+                h = drafter_torch(torch.from_numpy(feats[None, :P]), torch.arange(P), tt.embed(block),
+                                  P + torch.arange(S), None)[0]
+                yield dft, ref, h, int(ids[P]), tt
+        finally:
+            dft.close()
+            tgt.close()
+
+
 @torch.no_grad()
 def drafter_parity(drafter_gguf: str | os.PathLike, drafter_torch, target: str | os.PathLike,
                    seqs: list[list[int]], n_points: int = 8, threads: int | None = None) -> tuple[float, int]:
@@ -130,34 +163,11 @@ def drafter_parity(drafter_gguf: str | os.PathLike, drafter_torch, target: str |
     Returns:
         (agreement in [0, 1], number of positions compared). threads: llama.cpp CPU threads.
     """
-    from tfm_local.decode.draft import DFlashDrafter
-    from tfm_local.decode.verify import Target
-
-    from .target_torch import TorchTarget
-
-    tt = TorchTarget(target, n_layers=0)
-    S = drafter_torch.config.block_size
     agree = total = 0
-    for ids in seqs:
-        tgt = Target(target, n_ctx=len(ids) + S + 1, n_batch=min(512, max(S, len(ids))), n_gpu_layers=0,
-                     n_threads=threads)
-        dft = DFlashDrafter(drafter_gguf, tgt, n_gpu_layers=0, n_threads=threads)
-        try:
-            feats = np.concatenate(_collect(tgt, ids))
-            injected = 0
-            for P in np.linspace(1, len(ids) - 1, num=min(n_points, len(ids) - 1)).astype(int):
-                dft.inject(feats[injected:P], injected)
-                injected = P
-                ref = block_logits(dft, int(ids[P]), int(P))[1:].argmax(-1)
-                block = torch.tensor([[ids[P]] + [drafter_torch.config.mask_token_id] * (S - 1)])
-                h = drafter_torch(torch.from_numpy(feats[None, :P]), torch.arange(P), tt.embed(block),
-                                  P + torch.arange(S), None)
-                got = tt.lm_head(h[0, 1:]).argmax(-1).numpy()
-                agree += int((got == ref).sum())
-                total += S - 1
-        finally:
-            dft.close()
-            tgt.close()
+    for _, ref, h, _, tt in _block_passes(drafter_gguf, drafter_torch, target, seqs, n_points, threads):
+        got = tt.lm_head(h[1:]).argmax(-1).numpy()
+        agree += int((got == ref[1:].argmax(-1)).sum())
+        total += len(got)
     return agree / max(total, 1), total
 
 
@@ -178,41 +188,20 @@ def lattice_parity(drafter_gguf: str | os.PathLike, drafter_torch, target: str |
         (share of rows whose best successor of each predecessor agrees, the largest score difference
         over the largest score magnitude, rows compared).
     """
-    from tfm_local.decode.draft import DFlashDrafter
-    from tfm_local.decode.verify import Target
     from tfm_local.llama import native
 
-    from .target_torch import TorchTarget
-
-    tt = TorchTarget(target, n_layers=0)
-    S, K = drafter_torch.config.block_size, drafter_torch.config.selector_top_k
+    K = drafter_torch.config.selector_top_k
     agree = total = 0
     err = 0.0
-    for ids in seqs:
-        tgt = Target(target, n_ctx=len(ids) + S + 1, n_batch=min(512, max(S, len(ids))), n_gpu_layers=0,
-                     n_threads=threads)
-        dft = DFlashDrafter(drafter_gguf, tgt, n_gpu_layers=0, n_threads=threads)
-        try:
-            feats = np.concatenate(_collect(tgt, ids))
-            injected = 0
-            for P in np.linspace(1, len(ids) - 1, num=min(n_points, len(ids) - 1)).astype(int):
-                dft.inject(feats[injected:P], injected)
-                injected = P
-                block_logits(dft, int(ids[P]), int(P))
-                cand, scores = native.lattice_rows(dft.ctx.ptr, 1, S - 1, dft.model.n_embd, K)
-                block = torch.tensor([[ids[P]] + [drafter_torch.config.mask_token_id] * (S - 1)])
-                h = drafter_torch(torch.from_numpy(feats[None, :P]), torch.arange(P), tt.embed(block),
-                                  P + torch.arange(S), None)[0, 1:]
-                logits = tt.lm_head(h)
-                c = torch.from_numpy(cand)
-                prev = torch.cat([torch.full((1, K), int(ids[P])), c[:-1]])
-                ref = drafter_torch.candidate_selector.scores(h, torch.gather(logits, 1, c), prev, c).numpy()
-                err = max(err, float(np.abs(ref - scores).max() / max(np.abs(ref).max(), 1e-9)))
-                agree += int((ref.argmax(-1) == scores.argmax(-1)).all(-1).sum())
-                total += S - 1
-        finally:
-            dft.close()
-            tgt.close()
+    for dft, _, h, anchor, tt in _block_passes(drafter_gguf, drafter_torch, target, seqs, n_points, threads):
+        S = h.shape[0]
+        cand, scores = native.lattice_rows(dft.ctx.ptr, 1, S - 1, dft.model.n_embd, K)
+        c = torch.from_numpy(cand)
+        prev = torch.cat([torch.full((1, K), anchor), c[:-1]])
+        ref = drafter_torch.candidate_selector.scores(h[1:], torch.gather(tt.lm_head(h[1:]), 1, c), prev, c).numpy()
+        err = max(err, float(np.abs(ref - scores).max() / max(np.abs(ref).max(), 1e-9)))
+        agree += int((ref.argmax(-1) == scores.argmax(-1)).all(-1).sum())
+        total += S - 1
     return agree / max(total, 1), err, total
 
 
