@@ -152,8 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("-n", "--n-prompts", type=int, default=40, help="first N prompts of each set (default 40)")
     ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
     ap.add_argument("--modes", default=DEFAULT_MODES,
-                    help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, tfm@B / dartree@B (with "
-                         "--weaver), auto "
+                    help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, tfm@B (with --weaver), dartree@B "
+                         "(with --weaver or a DFlash2 drafter), auto "
                          "(automatic budget with the chain), ddtree@auto (default %(default)s)")
     add_sampling_args(ap)
     ap.add_argument("--samplings", default=None, metavar="LIST",
@@ -300,8 +300,8 @@ def main(argv=None) -> None:
         modes = parse_modes(args.modes)
     except ValueError as e:
         fail(str(e))
-    if any(m.tree in ("tfm", "dartree") for m in modes) and not args.weaver:
-        fail("tfm@B and dartree@B modes need the Weaver: --weaver WEAVER.gguf")
+    if any(m.tree == "tfm" for m in modes) and not args.weaver:
+        fail("tfm@B modes need the Weaver: --weaver WEAVER.gguf")
     if args.max_tokens < 1 or args.n_prompts < 1 or args.warmup_tokens < 0:
         fail("--max-tokens and -n must be >= 1, --warmup-tokens >= 0")
     from ..decode.sampling import SamplingParams

@@ -116,8 +116,9 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
                          "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
     ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm", "dartree"],
-                    help="draft shape: the DFlash chain, a DDTree best-first tree, a w-wide heap tree, or a TfM or "
-                         "DARTree tree scored by a Weaver (--weaver)")
+                    help="draft shape: the DFlash chain, a DDTree best-first tree, a w-wide heap tree, a TfM tree "
+                         "scored by a Weaver (--weaver), or a DARTree tree scored by a Weaver or a DFlash2 drafter's "
+                         "path selector (a DFlash2 drafter's chain and DDTree come from its selector too)")
     ap.add_argument("--weaver", default=None, metavar="WEAVER.gguf",
                     help="the Weaver of --tree tfm / dartree (tfm-train weaver / tfm-convert --weaver), trained "
                          "for this target")
