@@ -69,23 +69,29 @@ def spread_target_layers(n_layer: int, count: int = DEFAULT_TARGET_LAYERS) -> li
     return [int(math.floor(lo + k * (hi - lo) / (n - 1) + 0.5)) for k in range(n)]
 
 
-def dflash2_geometry(hidden: int, vocab: int) -> dict[str, int]:
+def dflash2_geometry(hidden: int, vocab: int, rank: int | None = None) -> dict[str, int]:
     """DFlash2's sizes for a drafter of width ``hidden``: z-lab's (2 taps, groups of 16, rank 256,
     top-16) where they fit; a narrower width gets groups dividing it, rank ≤ hidden / 2 and the most
     candidates K with K·(K+1) ≤ hidden (llama.cpp writes a position's K + K² lattice entries into a
     row of the hidden size).
 
+    ``rank``: the selector's rank instead (its two codebooks are ``vocab × rank`` each: 2 × 151,936 ×
+    256 is 156 MB in F16 and 44 MB in q4_0; rank 64 is a quarter of that). A multiple of 32 keeps the
+    codebooks quantizable (q8_0 / q4_0 blocks of 32 along a row).
+
     Raises:
-        ConvertError: a width below 6 (no two candidates fit).
+        ConvertError: a width below 6 (no two candidates fit); a rank below 1.
     """
+    if rank is not None and rank < 1:
+        raise ConvertError(f"the selector's rank must be at least 1, got {rank}")
     top_k = min(16, vocab)
     while top_k > 1 and top_k * (top_k + 1) > hidden:
         top_k -= 1
     if top_k < 2:
         raise ConvertError(f"a width of {hidden} leaves no room for DFlash2's selector lattice")
     group = next(g for g in (16, 8, 4, 2, 1) if hidden % g == 0)
-    return dict(conv_kernel_size=2, conv_group_size=group, selector_rank=max(1, min(256, hidden // 2)),
-                selector_top_k=top_k)
+    return dict(conv_kernel_size=2, conv_group_size=group,
+                selector_rank=rank if rank is not None else max(1, min(256, hidden // 2)), selector_top_k=top_k)
 
 
 def random_config(target: TargetInfo, *, layers: int = 1, ffn: int | None = None,

@@ -64,6 +64,34 @@ def test_geometry_follows_z_lab_where_the_width_allows():
         dflash2_geometry(4, 320)
 
 
+def test_a_smaller_selector_rank_is_asked_for(target):
+    """``--selector-rank``: the codebooks' size lever; a fit asked for another rank than its drafter's
+    is refused by name."""
+    pytest.importorskip("torch")
+    from tfm_local.train.fit import drafter_config
+    from tfm_local.train.warmstart import ShapeRequest
+
+    assert dflash2_geometry(1536, 151936, rank=64)["selector_rank"] == 64
+    with pytest.raises(ConvertError, match="at least 1"):
+        dflash2_geometry(1536, 151936, rank=0)
+    v1 = drafter_config(target, 2, None)
+    v2 = ShapeRequest(dflash2=True, selector_rank=16).upgrade(v1)
+    assert v2.dflash2 and v2.selector_rank == 16 and v2.selector_top_k == 7
+    assert ShapeRequest(dflash2=True, selector_rank=16).mismatches(v2) == []
+    assert ShapeRequest(dflash2=True, selector_rank=8).mismatches(v2) == ["--selector-rank 8 (drafter: 16)"]
+
+
+def test_cli_selector_rank_goes_with_dflash2(tmp_path, target, capsys):
+    pytest.importorskip("torch")
+    from tfm_local.cli.train import main as train_main
+
+    with pytest.raises(SystemExit) as e:
+        train_main(["fit", "--corpus", str(tmp_path), "--target", str(target), "--out", str(tmp_path / "run"),
+                    "--selector-rank", "64"])
+    assert e.value.code == 2 and "--selector-rank goes with --dflash2" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_layout_names_and_shapes():
     d = DrafterDims(64, 2, 4, 1, 16, 192, 3, conv_kernel=2, conv_group=16, selector_rank=32, vocab=320)
     shapes = expected_shapes(d)
@@ -274,13 +302,18 @@ def _pair(target, drafter):
     return tgt, dft
 
 
-@pytest.mark.parametrize("n_draft", [15, 6, 1])
-def test_lattice_equals_the_selector_of_the_drafters_own_pass(tmp_path, lc, ckpt, target, n_draft):
-    """Candidates = the top-K of the pass's logits; scores = the unary logit + Σ_r pred[p]·(W h)·succ[s]
-    from the checkpoint's weights and the pass's final hidden states (float32 sums: 1e-3 relative)."""
-    out = convert_checkpoint(ckpt, target, tmp_path / "d.gguf", "f32")
+def _lattice_against_its_weights(drafter, ckpt, target, n_draft):
+    """The lattice of ``drafter``'s pass (converted from ``ckpt``) against the selector recomputed from
+    the checkpoint's weights and the pass's own logits and final hidden states: candidates = the top-K
+    of the logits, scores = the unary logit + Σ_r pred[p]·(W h)·succ[s] (float32 sums: 1e-3 relative).
+
+    Returns:
+        the candidates ``[n_draft, K]``.
+    """
+    from tfm_local.llama import native
+
     _, w = _load(ckpt)
-    tgt, dft = _pair(target, out)
+    tgt, dft = _pair(target, drafter)
     try:
         K = dft.selector_top_k
         assert K == 7
@@ -288,7 +321,6 @@ def test_lattice_equals_the_selector_of_the_drafters_own_pass(tmp_path, lc, ckpt
         dft.ctx.set_embeddings(True)
         logits = np.array(dft.marginals(last, pos, n_draft))
         hidden = dft.ctx.embeddings(n_draft + 1)[1:].copy()
-        from tfm_local.llama import native
         cand, scores = native.lattice_rows(dft.ctx.ptr, 1, n_draft, dft.model.n_embd, K)
         dft.ctx.set_embeddings(False)
         lat = dft.lattice(last, pos, n_draft)  # the engine's call: the same pass again
@@ -306,6 +338,25 @@ def test_lattice_equals_the_selector_of_the_drafters_own_pass(tmp_path, lc, ckpt
         preds = [last] * K if j == 0 else cand[j - 1]
         ref = (pred_cb[preds] * gate[j]) @ succ_cb[cand[j]].T + logits[j, cand[j]][None, :]
         np.testing.assert_allclose(scores[j], ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+    return cand
+
+
+@pytest.mark.parametrize("n_draft", [15, 6, 1])
+def test_lattice_equals_the_selector_of_the_drafters_own_pass(tmp_path, lc, ckpt, target, n_draft):
+    _lattice_against_its_weights(convert_checkpoint(ckpt, target, tmp_path / "d.gguf", "f32"), ckpt, target,
+                                 n_draft)
+
+
+def test_lattice_with_a_draft_vocabulary(tmp_path, lc, ckpt, target):
+    """A reduced draft vocabulary (``d2t``): llama.cpp scatters the reduced logits into a full row of
+    -inf, so the selector's candidates are target ids of the draft vocabulary and its codebooks stay
+    full-vocabulary rows read by target id; the lattice is the selector of the reduced pass."""
+    from tfm_convert.draft_vocab import reduce_drafter
+
+    full = convert_checkpoint(ckpt, target, tmp_path / "d.gguf", "f32")
+    ids = np.arange(1, 320, 3)
+    cand = _lattice_against_its_weights(reduce_drafter(full, target, ids, tmp_path / "r.gguf"), ckpt, target, 15)
+    assert set(cand.ravel().tolist()) <= set(ids.tolist())
 
 
 def test_fresh_dflash2_drafts_as_its_dflash_drafter(tmp_path, lc, target):
@@ -354,12 +405,14 @@ class OracleLattice:
 
     def __init__(self, drafter, prompt_len, script, p_wrong, seed=0):
         self.inner, self.prompt_len, self.script, self.p_wrong = drafter, prompt_len, script, p_wrong
+        self.calls = 0
         self.rng = np.random.default_rng(seed)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def lattice(self, last, pos, n_draft):
+        self.calls += 1
         lat = self.inner.lattice(last, pos, n_draft)
         cand, scores = lat.cand.copy(), lat.scores.copy()
         K = cand.shape[1]
@@ -375,9 +428,12 @@ class OracleLattice:
         return Lattice(cand, scores)
 
 
-@pytest.mark.parametrize("tree,budget", [("chain", None), ("ddtree", 12), ("dartree", 12), ("chain", "auto")])
+@pytest.mark.parametrize("tree,budget", [("chain", None), ("lattice", 12), ("dartree", 12), ("ddtree", 12),
+                                         ("chain", "auto"), ("lattice", "auto")])
 @pytest.mark.parametrize("p_wrong", [0.0, 0.3])
 def test_dflash2_decoding_is_plain_decoding(engines, tree, budget, p_wrong):
+    """Every shape of a DFlash2 drafter decodes as plain decoding: those over the (steered) lattice, and
+    DDTree over the marginals, which never reads the lattice."""
     from tfm_local.decode.sampling import SamplingParams
 
     spec, plain = engines
@@ -385,13 +441,15 @@ def test_dflash2_decoding_is_plain_decoding(engines, tree, budget, p_wrong):
     want = list(plain.generate_ids(prompt, 40, SamplingParams()))
     spec.set_draft(tree, budget)
     real = spec.drafter
-    spec.drafter = OracleLattice(real, len(prompt), want[1:], p_wrong)
+    spec.drafter = oracle = OracleLattice(real, len(prompt), want[1:], p_wrong)
     try:
         got = list(spec.generate_ids(prompt, 40, SamplingParams()))
     finally:
         spec.drafter = real
     assert got == want
-    if budget is None and p_wrong == 0.0:
+    if tree == "ddtree" or budget != "auto":
+        assert (oracle.calls > 0) == (tree != "ddtree")
+    if budget in (None, 12) and tree != "ddtree" and p_wrong == 0.0:
         assert spec.stats.tau > 3  # the steered lattice is accepted
 
 
@@ -402,7 +460,7 @@ def test_dflash2_sampling_with_a_seed_is_plain_sampling(engines):
     prompt = spec.prompt_tokens("a b c d e f")
     sp = SamplingParams(temperature=0.8, top_p=0.95, seed=5)
     want = list(plain.generate_ids(prompt, 40, sp))
-    for tree, budget in (("chain", None), ("ddtree", 10)):
+    for tree, budget in (("chain", None), ("lattice", 10), ("ddtree", 10)):
         spec.set_draft(tree, budget)
         real = spec.drafter
         spec.drafter = OracleLattice(real, len(prompt), want[1:], 0.2)
@@ -410,6 +468,29 @@ def test_dflash2_sampling_with_a_seed_is_plain_sampling(engines):
             assert list(spec.generate_ids(prompt, 40, sp)) == want
         finally:
             spec.drafter = real
+
+
+def test_dflash2_with_a_draft_vocabulary_is_plain_decoding(engines, tmp_path, target):
+    """A DFlash2 drafter reduced to every other token id: its lattice proposes those only; every
+    lattice shape decodes as plain decoding, greedy and sampled with a seed."""
+    from tfm_convert.draft_vocab import reduce_drafter
+    from tfm_local.decode.sampling import SamplingParams
+    from tfm_local.engine import Engine
+
+    _, plain = engines
+    drafter, _ = init_random(target, tmp_path / "d2.gguf", layers=1, seed=2, dflash2=True, outtype="f16")
+    spec = Engine(target, reduce_drafter(drafter, target, np.arange(0, 320, 2), tmp_path / "r.gguf"), n_ctx=512,
+                  budget=None, tree="chain")
+    try:
+        prompt = spec.prompt_tokens("<|im_start|>user\nthe quick brown fox<|im_end|>\n")
+        for sp in (SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95, seed=5)):
+            want = list(plain.generate_ids(prompt, 40, sp))
+            for tree, budget in (("chain", None), ("lattice", 12), ("dartree", 12)):
+                spec.set_draft(tree, budget)
+                assert list(spec.generate_ids(prompt, 40, sp)) == want, (tree, sp)
+        assert spec.stats.n_drafted > 0
+    finally:
+        spec.close()
 
 
 def test_dartree_without_a_head_is_refused(engines, tmp_path, target):
@@ -421,6 +502,21 @@ def test_dartree_without_a_head_is_refused(engines, tmp_path, target):
     spec, _ = engines
     spec.set_draft("dartree", 8)  # a DFlash2 drafter's selector is one
     spec.set_draft("chain", None)
+
+
+def test_lattice_without_a_dflash2_drafter_is_refused(engines, tmp_path, target):
+    from tfm_local.engine import Engine
+
+    drafter, _ = init_random(target, tmp_path / "d1.gguf", layers=1, seed=2)
+    with pytest.raises(ValueError, match="needs a DFlash2 drafter"):
+        Engine(target, drafter, n_ctx=256, tree="lattice")
+    e = Engine(target, drafter, n_ctx=256, tree="ddtree", budget=8)
+    try:
+        with pytest.raises(ValueError, match="needs a DFlash2 drafter"):
+            e.set_draft("lattice", 8)
+        assert e.tree_mode == "ddtree"
+    finally:
+        e.close()
 
 
 # -- PyTorch against llama.cpp ------------------------------------------------------------------
@@ -446,6 +542,26 @@ def test_pytorch_dflash2_matches_the_gguf_in_llama_cpp(tmp_path, lc, ckpt, targe
     with torch.no_grad():
         model.layers[1].mlp_conv.base_kernel[1, 1] += 0.7
     assert lattice_parity(out, model, target, [SEQ], n_points=3, threads=1)[1] > 3e-2
+
+
+@pytest.mark.parametrize("codebooks,min_rows,max_err", [("q8_0", 0.95, 5e-3), ("q4_0", 0.9, 2e-2)])
+def test_quantized_codebooks_against_pytorch(tmp_path, lc, ckpt, target, codebooks, min_rows, max_err):
+    """The selector's two codebooks ([V, r] each: 2 × 151,936 × 256 for Qwen at z-lab's rank, 156 MB
+    in F16, 83 MB in q8_0, 44 MB in q4_0) quantized with the rest of the drafter F32
+    (``--tensor-type 'selector_(predecessor|successor)=q4_0'``): the lattice against the PyTorch model
+    still agrees on the best successors of nearly every row and its scores stay within the bound
+    (measured, best successors / largest score error: F32 and F16 codebooks 1.000 / 2.6e-3, q8_0
+    0.989 / 2.7e-3, q4_0 0.967 / 7.3e-3; docs/training.md, "DFlash2 drafters")."""
+    pytest.importorskip("torch")
+    from tfm_local.train.checks import lattice_parity, load_torch_drafter
+
+    out = convert_checkpoint(ckpt, target, tmp_path / "d.gguf", "f32",
+                             tensor_types=[("selector_(predecessor|successor)", codebooks)])
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert types["selector_predecessor.weight"] == types["selector_successor.weight"] == codebooks.upper()
+    assert types["selector_hidden.weight"] == "F32"
+    rows, err, n = lattice_parity(out, load_torch_drafter(ckpt), target, [SEQ], n_points=6, threads=1)
+    assert n == 6 * 15 and rows >= min_rows and err < max_err
 
 
 def test_pytorch_dflash2_starts_as_its_dflash_drafter():

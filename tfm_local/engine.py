@@ -24,6 +24,8 @@ from .stops import StopMatcher
 
 
 DEFAULT_TREE_BUDGET = 63
+LATTICE_NEEDS = ('tree="lattice" needs a DFlash2 drafter (the tree is built over its path selector\'s lattice); '
+                 'a DFlash drafter\'s best-first tree is tree="ddtree"')
 
 #: How greedy steps read the target's choice: "backend" = each verified row's argmax computed in the
 #: target's graph (Target.attach_argmax, one int per row reaches the host), "host" = full logits
@@ -74,11 +76,12 @@ class Engine:
             an int (0 = plain decoding), or None (block size - 1 for the chain, 63 for trees).
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
-        tree: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
-            (the w-wide heap scored by the Weaver; needs ``weaver``) or "dartree" (DARTree with the Weaver
-            as correction head, or a DFlash2 drafter's path selector); for trees ``budget`` counts drafted
-            nodes. A DFlash2 drafter's chain, DDTree and DARTree come from its selector's lattice
-            (``decode.lattice``). tree_top_k: candidates per block position (of the marginals).
+        tree: "chain" (the DFlash chain), "ddtree" (best-first tree over the marginals), "wide" (w-wide
+            heap), "tfm" (the w-wide heap scored by the Weaver; needs ``weaver``), "dartree" (DARTree with
+            the Weaver as correction head, or a DFlash2 drafter's path selector) or "lattice" (a DFlash2
+            drafter's best-first tree over its selector's lattice); for trees ``budget`` counts drafted
+            nodes. A DFlash2 drafter's chain is its lattice's greedy walk (``decode.lattice``).
+            tree_top_k: candidates per block position (of the marginals).
         tree_width: heap entries expanded together by "wide".
         greedy_argmax: at temperature 0, "backend" reads each verified row's argmax computed on
             the target's backend, "host" copies the logits and takes np.argmax, "auto" (default)
@@ -137,6 +140,9 @@ class Engine:
             self.close()
             raise ValueError('tree="dartree" needs a correction head: a Weaver (--weaver WEAVER.gguf in the tools, '
                              'Engine(..., weaver="weaver.gguf") in Python) or a DFlash2 drafter (its path selector)')
+        if tree == "lattice" and self.drafter is not None and not self._dflash2:
+            self.close()
+            raise ValueError(LATTICE_NEEDS)
         self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
         self.tfm = None  # the Weaver's side of "tfm" steps (decode.weaver.TfmDrafter)
         self.weaver_ms: dict[str, float] = {}  # ms a TfM tree on each device tried at load (GPU machines)
@@ -217,7 +223,7 @@ class Engine:
         return self.drafter is not None and self.drafter.selector_top_k > 0
 
     def set_draft(self, tree: str, budget: int | str | None) -> None:
-        """Switch the draft shape (``"chain"``, ``"ddtree"``, ``"wide"``) and the budget (as ``set_budget``).
+        """Switch the draft shape (one of ``TREE_SHAPES``) and the budget (as ``set_budget``).
 
         Raises ValueError for an unknown shape (nothing changed) or a bad budget (as ``set_budget``;
         the previous shape is restored).
@@ -227,6 +233,8 @@ class Engine:
         if tree in WEAVER_SHAPES and self.tfm is None and not (tree == "dartree" and self._dflash2):
             raise ValueError(f'tree="{tree}" needs the engine built with a Weaver (Engine(..., weaver=...))'
                              + (" or a DFlash2 drafter" if tree == "dartree" else ""))
+        if tree == "lattice" and self.drafter is not None and not self._dflash2:
+            raise ValueError(LATTICE_NEEDS)
         old = self.tree_mode
         self.tree_mode = tree
         try:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 from ..cli.common import (add_engine_args, add_sampling_args, check_writable, engine_from_args, fail, run_record,
                           sampling_kwargs, write_json as write_common_json)
 
-SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree")
+SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree", "lattice")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
 
 
@@ -105,8 +105,8 @@ class Mode(NamedTuple):
 
 def parse_mode(text: str) -> Mode:
     """One ``--modes`` item: ``plain``, ``chain``, ``auto`` (= ``chain@auto``), ``SHAPE@B`` or
-    ``SHAPE@auto`` with SHAPE in chain, ddtree, wide, tfm, dartree (tfm and dartree need ``--weaver``)
-    and B an integer >= 1.
+    ``SHAPE@auto`` with SHAPE in chain, ddtree, wide, tfm, dartree, lattice (tfm needs ``--weaver``,
+    dartree a Weaver or a DFlash2 drafter, lattice a DFlash2 drafter) and B an integer >= 1.
 
     Raises ValueError with a message for the user.
     """
@@ -123,7 +123,7 @@ def parse_mode(text: str) -> Mode:
     if shape in SHAPES and at and b.isdigit() and int(b) >= 1:
         return Mode(text, shape, int(b))
     raise ValueError(f"unknown mode {text!r}; use plain, chain, auto, chain@B, ddtree@B, wide@B, tfm@B, "
-                     f"dartree@B (B an integer >= 1), or one of those shapes @auto (ddtree@auto)")
+                     f"dartree@B, lattice@B (B an integer >= 1), or one of those shapes @auto (ddtree@auto)")
 
 
 def parse_modes(text: str) -> list[Mode]:
@@ -153,7 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=256, help="new tokens per prompt (default 256)")
     ap.add_argument("--modes", default=DEFAULT_MODES,
                     help="comma-separated: plain, chain, chain@B, ddtree@B, wide@B, tfm@B (with --weaver), dartree@B "
-                         "(with --weaver or a DFlash2 drafter), auto "
+                         "(with --weaver or a DFlash2 drafter), lattice@B (a DFlash2 drafter), auto "
                          "(automatic budget with the chain), ddtree@auto (default %(default)s)")
     add_sampling_args(ap)
     ap.add_argument("--samplings", default=None, metavar="LIST",

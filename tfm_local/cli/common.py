@@ -115,10 +115,11 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--budget", type=budget_arg, default="auto",
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
                          "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
-    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm", "dartree"],
-                    help="draft shape: the DFlash chain, a DDTree best-first tree, a w-wide heap tree, a TfM tree "
-                         "scored by a Weaver (--weaver), or a DARTree tree scored by a Weaver or a DFlash2 drafter's "
-                         "path selector (a DFlash2 drafter's chain and DDTree come from its selector too)")
+    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm", "dartree", "lattice"],
+                    help="draft shape: the DFlash chain, a DDTree best-first tree over the marginals, a w-wide heap "
+                         "tree, a TfM tree scored by a Weaver (--weaver), a DARTree tree scored by a Weaver or a "
+                         "DFlash2 drafter's path selector, or a DFlash2 drafter's best-first tree over its "
+                         "selector's lattice (a DFlash2 drafter's chain is the lattice's greedy walk)")
     ap.add_argument("--weaver", default=None, metavar="WEAVER.gguf",
                     help="the Weaver of --tree tfm / dartree (tfm-train weaver / tfm-convert --weaver), trained "
                          "for this target")

@@ -212,7 +212,10 @@ def cmd_fit(args) -> None:
     opts = _fit_options(args)  # option errors before any model is looked up
     target = _target(args.target)
     # the shape options given: a new drafter's shape; checked against a resumed or warm-start drafter's
-    shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token, True if args.dflash2 else None)
+    if args.selector_rank is not None and not args.dflash2:
+        fail("--selector-rank goes with --dflash2")
+    shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token, True if args.dflash2 else None,
+                         args.selector_rank)
     ckpt = fit(args.corpus, target, args.out, opts, None, _device(args.device),
                restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers)
     if not is_main_process():  # under torchrun rank 0 alone reports and exports
@@ -402,6 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dflash2", action="store_true",
                    help="a DFlash2 drafter: dynamic convolutions and a path selector, trained jointly; with "
                         "--init-from a DFlash drafter, they start as the identity (the same drafts at step 0)")
+    p.add_argument("--selector-rank", type=int, default=None, metavar="R",
+                   help="with --dflash2: the path selector's rank (default min(256, hidden / 2)); its two codebooks "
+                        "are vocabulary x R each (151,936 x 256: 44 MB in q4_0), so a smaller rank keeps the file "
+                        "small; a multiple of 32 keeps them quantizable")
     p.add_argument("--init-from", default=None, metavar="PATH",
                    help="start a new run from this drafter's weights (z-lab folder with config.json + "
                         "model.safetensors, a checkpoint.pt, or a drafter GGUF of any type, e.g. the shipped "

@@ -6,7 +6,8 @@ is not in it yet and is the root of this step's tree. A step:
 1. **budget** ``k`` drafted nodes (``draft_limit``; the automatic budget may pick fewer, 0 = plain);
 2. **draft** one drafter pass over the block after ``last`` (draft.py) and **tree**: the chain, or a
    DDTree / w-wide tree of ``k`` nodes from the top-K marginals ``[D, K]`` (tree.py); a DFlash2
-   drafter's chain, DDTree and DARTree come from its selector's lattice instead (lattice.py);
+   drafter's chain and DARTree come from its selector's lattice instead, and its "lattice" shape is the
+   best-first tree over the lattice (lattice.py);
 3. **verify** the tree ``[1 + k]`` nodes in one target pass (verify.py): the target's choice per node,
    by the generation's rule (backend argmax, or the host's argmax / sample of the node's logits);
 4. **accept**: the lossless walk from the root along the target's choices (accept.py);
@@ -36,10 +37,11 @@ from .stats import PHASES, PhaseClock
 from .tree import BUILDERS, Tree, build_chain, build_dartree, build_wide
 from .verify import Target
 
-#: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree), "wide" (w-wide heap), "tfm"
-#: (the w-wide heap scored by the Weaver, ``weaver.TfmDrafter``), "dartree" (DARTree with the Weaver as
-#: its correction head).
-TREE_SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree")
+#: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree over the marginals), "wide" (w-wide
+#: heap), "tfm" (the w-wide heap scored by the Weaver, ``weaver.TfmDrafter``), "dartree" (DARTree with the
+#: Weaver or a DFlash2 drafter's path selector as its correction head), "lattice" (a DFlash2 drafter's
+#: best-first tree over its selector's lattice).
+TREE_SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree", "lattice")
 #: The shapes whose trees the Weaver scores (``DraftShape.weaver``).
 WEAVER_SHAPES = ("tfm", "dartree")
 
@@ -180,13 +182,14 @@ def _marginal_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: in
     return tree
 
 
-#: the shapes a DFlash2 drafter builds over its selector's lattice (``lattice_tree``)
-LATTICE_SHAPES = ("chain", "ddtree", "dartree")
+#: the shapes a DFlash2 drafter builds over its selector's lattice (``lattice_tree``); its "ddtree" stays
+#: DDTree over the marginals, the lattice tree's reference at equal budget
+LATTICE_SHAPES = ("chain", "lattice", "dartree")
 
 
 def lattice_tree(lat: Lattice, tree: str, last: int, k_plan: int) -> Tree:
-    """A DFlash2 drafter's tree of ``k_plan`` nodes over its lattice: the chain is the greedy walk, DDTree
-    the exact best-first lattice tree, DARTree with the selector as its correction head."""
+    """A DFlash2 drafter's tree of ``k_plan`` nodes over its lattice: the chain is the greedy walk,
+    "lattice" the exact best-first lattice tree, DARTree with the selector as its correction head."""
     if tree == "chain":
         return chain_tree(last, lat, *greedy_walk(lat, k_plan))
     if tree == "dartree":

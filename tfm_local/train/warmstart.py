@@ -197,6 +197,7 @@ class ShapeRequest:
     target_layers: int | None = None
     mask_token: int | None = None
     dflash2: bool | None = None
+    selector_rank: int | None = None  # DFlash2's selector rank (``random_init.dflash2_geometry``)
 
     def new_config(self, target: str | os.PathLike) -> DFlashConfig:
         """A fresh drafter config for ``target``: the given options, else 5 layers, 3 × hidden MLP, 5 target
@@ -214,12 +215,13 @@ class ShapeRequest:
             return config
         from tfm_convert.random_init import dflash2_geometry
 
-        return dataclasses.replace(config, **dflash2_geometry(config.hidden_size, config.vocab_size))
+        return dataclasses.replace(config, **dflash2_geometry(config.hidden_size, config.vocab_size,
+                                                              self.selector_rank))
 
     def mismatches(self, config: DFlashConfig) -> list[str]:
         """``"--option N (drafter: M)"`` for each given option that ``config`` does not have."""
         have = {"layers": config.num_hidden_layers, "ffn": config.intermediate_size,
                 "target_layers": len(config.target_layer_ids), "mask_token": config.mask_token_id,
-                "dflash2": config.dflash2}
+                "dflash2": config.dflash2, "selector_rank": config.selector_rank}
         return [f"--{k.replace('_', '-')} {v} (drafter: {have[k]})" for k, v in vars(self).items()
                 if v is not None and v != have[k]]
