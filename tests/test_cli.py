@@ -147,6 +147,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
     ("chain,auto", [("chain", "chain", None), ("auto", "chain", "auto")]),
     ("chain@8, ddtree@16,wide@4,ddtree@auto", [("chain@8", "chain", 8), ("ddtree@16", "ddtree", 16),
                                                ("wide@4", "wide", 4), ("ddtree@auto", "ddtree", "auto")]),
+    ("lattice@8,lattice@auto", [("lattice@8", "lattice", 8), ("lattice@auto", "lattice", "auto")]),
 ])
 def test_bench_parse_modes(text, want):
     from tfm_local.bench.tfm_bench import parse_modes
@@ -167,6 +168,8 @@ def test_bench_parse_modes_rejects(text):
     (["--modes", "plain,ddtree@zero"], "unknown mode"),
     (["--budget", "4"], "--modes"),
     (["--no-draft", "--modes", "plain,chain"], "need a drafter"),
+    (["--modes", "plain,chain,lattice@4"], "mode lattice@4: tree=\"lattice\" needs a DFlash2 drafter"),
+    (["--modes", "plain,dartree@4"], "mode dartree@4: tree=\"dartree\" needs"),
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "0"], "top_p"),
 ])

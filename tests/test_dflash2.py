@@ -89,6 +89,10 @@ def test_cli_selector_rank_goes_with_dflash2(tmp_path, target, capsys):
         train_main(["fit", "--corpus", str(tmp_path), "--target", str(target), "--out", str(tmp_path / "run"),
                     "--selector-rank", "64"])
     assert e.value.code == 2 and "--selector-rank goes with --dflash2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        train_main(["fit", "--corpus", str(tmp_path), "--target", str(target), "--out", str(tmp_path / "run"),
+                    "--dflash2", "--selector-rank", "0"])
+    assert e.value.code == 2 and "--selector-rank must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

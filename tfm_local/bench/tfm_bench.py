@@ -336,6 +336,11 @@ def main(argv=None) -> None:
     engine = engine_from_args(args)
     if spec and engine.drafter is None:
         fail(f"mode(s) {', '.join(spec)} need a drafter, and none was loaded")
+    for m in modes:  # a shape this drafter cannot draw (lattice@B without a DFlash2 drafter) before any run
+        try:
+            engine.set_draft(m.tree, m.budget)
+        except ValueError as e:
+            fail(f"mode {m.label}: {e}")
     runs, table = [], []
     first = next((ps[0] for ps in sets.values() if ps), None)
     if first is not None and args.warmup_tokens:

@@ -209,11 +209,13 @@ def cmd_fit(args) -> None:
     from tfm_local.train.parallel import is_main_process
     from tfm_local.train.warmstart import ShapeRequest
 
+    if args.selector_rank is not None and not args.dflash2:
+        fail("--selector-rank goes with --dflash2")
+    if args.selector_rank is not None and args.selector_rank < 1:
+        fail(f"--selector-rank must be at least 1, got {args.selector_rank}")
     opts = _fit_options(args)  # option errors before any model is looked up
     target = _target(args.target)
     # the shape options given: a new drafter's shape; checked against a resumed or warm-start drafter's
-    if args.selector_rank is not None and not args.dflash2:
-        fail("--selector-rank goes with --dflash2")
     shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token, True if args.dflash2 else None,
                          args.selector_rank)
     ckpt = fit(args.corpus, target, args.out, opts, None, _device(args.device),

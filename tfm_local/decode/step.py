@@ -148,8 +148,9 @@ def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k
     """
     depth = min(drafter.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
     if drafter.selector_top_k and shape.tree in LATTICE_SHAPES and (shape.tree != "dartree" or shape.weaver is None):
-        tree = lattice_tree(drafter.lattice(last, pos, depth), shape.tree, last, k_plan)
+        lat = drafter.lattice(last, pos, depth)
         clock.mark("drafter")
+        tree = lattice_tree(lat, shape.tree, last, k_plan)
     elif shape.tree == "chain" and not with_curve:
         drafts = np.asarray(drafter.draft_chain(last, pos, k), dtype=np.int64)
         clock.mark("drafter")

@@ -209,7 +209,8 @@ class _Run:
                     for f in dataclasses.fields(have) if getattr(config, f.name) != getattr(have, f.name)]
         if bad:
             raise TrainError(f"{where} a drafter of another shape than asked ({'; '.join(bad)}): "
-                             "pass the same --layers/--ffn/--target-layers/--mask-token or leave them out"
+                             "pass the same --layers/--ffn/--target-layers/--mask-token/--dflash2/--selector-rank "
+                             "or leave them out"
                              + (", or --restart" if self.state else ""))
         return have
 
