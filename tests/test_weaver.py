@@ -557,6 +557,11 @@ def test_the_weaver_is_loaded_where_its_trees_are_built_fastest(pair, tmp_path, 
                 _time.sleep(0.002)
             return super().nodes_add(*a)
 
+        def dartree(self, *a, **kw):
+            if self.device == "cpu":
+                _time.sleep(0.002)
+            return super().dartree(*a, **kw)
+
         def close(self):
             self.closed = True
             super().close()
@@ -565,6 +570,11 @@ def test_the_weaver_is_loaded_where_its_trees_are_built_fastest(pair, tmp_path, 
     w, ms = rt.fastest_weaver(path, ("gpu", "cpu"), 1, budget=8)
     assert w.device == "cpu" and not w.closed and set(ms) == {"gpu", "cpu"} and ms["gpu"] > ms["cpu"]
     assert [x.closed for x in made] == [True, False]
+    # placed for DARTree: its backend trees are timed instead (here the "cpu" one made slower)
+    wd, msd = rt.fastest_weaver(path, ("gpu", "cpu"), 1, budget=8, dartree_target=str(target))
+    assert wd.device == "gpu" and wd.attached == str(target) and msd["cpu"] > msd["gpu"]
+    assert [x.closed for x in made] == [True, False, False, True]
+    made[:] = made[:2]
     w1, ms1 = rt.fastest_weaver(path, ("cpu",), 1)
     assert ms1 == {} and w1.device == "cpu" and len(made) == 3
     with pytest.raises(ValueError):
@@ -629,3 +639,50 @@ def test_weaver_option_needs_drafting_and_notes_an_unused_tree(capsys):
     check_weaver_use(Namespace(weaver="w.gguf", tree="tfm", no_draft=False, budget=16))
     check_weaver_use(Namespace(weaver=None, tree="chain", no_draft=True, budget=0))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_dartree_on_the_backend_is_the_hosts_dartree(pair, tmp_path, device):
+    """``Weaver.dartree`` (the whole DARTree in one backend graph: every round's Weaver rows, the candidates'
+    scores, the top-W branches and the global top-B on the device, only the chosen nodes read back) builds
+    the tree ``tree.build_dartree`` builds with the Weaver on the host (``WeaverPaths``), node for node:
+    random drafts, full and shorter depths, K from 3 to the Weaver's, widths 1-12, budgets beyond the
+    supertree, beta 0 and below; what does not fit is refused."""
+    from tfm_local.decode.tree import build_dartree
+    from tfm_local.decode.weaver import TargetEmbeddings, WeaverPaths
+    from tfm_local.decode.weaver import Weaver as RuntimeWeaver
+    from tfm_local.train.weaver_fit import export_weaver
+
+    d, target, drafter, _ = pair
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=20, **OPTS), "cpu",
+                     log=lambda s: None)
+    rt = RuntimeWeaver(export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"], device, 1)
+    embed = TargetEmbeddings(target)
+    sh, rng = rt.shape, np.random.default_rng(11)
+    ht = rng.standard_normal(sh["target_hidden"]).astype(np.float32)
+    hd = rng.standard_normal((sh["depth"], sh["drafter_hidden"])).astype(np.float32)
+    with pytest.raises(ValueError, match="attach_target"):
+        rt.dartree(3, ht, hd, np.zeros((2, 2), np.int32), np.zeros((2, 2)), 4)
+    rt.attach_target(target)
+    cases = [(sh["depth"], sh["top_k"], 12, 64, -0.2), (sh["depth"], sh["top_k"], 4, 16, 0.0),
+             (3, 5, 2, 200, -0.5), (sh["depth"], 3, 1, 8, -0.2), (2, sh["top_k"], 12, 1, -0.1)]
+    for i, (D, K, W, B, beta) in enumerate(cases):
+        for seed in range(3):
+            r = np.random.default_rng(100 * i + seed)
+            cand = np.stack([r.choice(embed.n_vocab, K, replace=False) for _ in range(D)]).astype(np.int32)
+            logit = (3 * r.standard_normal((D, K))).astype(np.float32)
+            root = int(r.integers(embed.n_vocab))
+            score = WeaverPaths(rt, embed, root, ht, hd, cand, logit, capacity=1 + W * D)
+            want = build_dartree(root, cand, B, score, W, beta)
+            got = rt.dartree(root, ht, hd, cand, logit, B, W, beta)
+            assert got is not None and len(got) == len(want), (i, seed)
+            for f in ("parents", "tokens", "depth"):
+                assert np.array_equal(getattr(got, f), getattr(want, f)), (i, seed, f)
+            assert np.abs(got.logp - want.logp).max() < 1e-3 * max(1.0, np.abs(want.logp).max()), (i, seed)
+    cand = np.zeros((2, 3), np.int32)
+    for bad in (dict(cand=cand + embed.n_vocab), dict(beta=0.1), dict(cand=np.zeros((sh["depth"] + 1, 3), np.int32))):
+        kw = {"cand": cand, "beta": -0.2, **bad}
+        with pytest.raises(ValueError):
+            rt.dartree(0, ht, hd, kw["cand"], np.zeros(kw["cand"].shape), 8, 2, kw["beta"])
+    with pytest.raises(ValueError, match="cannot use the embeddings"):
+        rt.attach_target(drafter)  # a GGUF without the target's embeddings

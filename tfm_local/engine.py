@@ -152,7 +152,11 @@ class Engine:
             except Exception:
                 self.close()
                 raise
-        self.target.set_final_hidden(self.tfm is not None and tree in WEAVER_SHAPES)
+        try:
+            self._attach_dartree()
+        except Exception:
+            self.close()
+            raise
         self.budget = 0
         self.auto: AutoBudget | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
@@ -242,7 +246,14 @@ class Engine:
         except ValueError:
             self.tree_mode = old
             raise
-        self.target.set_final_hidden(self.tfm is not None and tree in WEAVER_SHAPES)
+        self._attach_dartree()
+
+    def _attach_dartree(self) -> None:
+        """The target's final hidden state on for Weaver shapes; for "dartree" the Weaver's backend made ready
+        to build whole trees (``TfmDrafter.attach``: its step-input table, once)."""
+        self.target.set_final_hidden(self.tfm is not None and self.tree_mode in WEAVER_SHAPES)
+        if self.tfm is not None and self.tree_mode == "dartree":
+            self.tfm.attach()
 
     def _load_weaver(self, path, target_path, on_gpu: bool, n_threads):
         """The ``TfmDrafter`` of a Weaver GGUF for this target and drafter. Raises ValueError when its
@@ -254,7 +265,12 @@ class Engine:
         # round's ops are too small for many threads (a round of 1 path on 2 cores: 0.23 ms on 1, 0.12 on 2;
         # 4 is a guess beyond that, unmeasured)
         threads = min(n_threads or os.cpu_count() or 1, 4)
-        w, self.weaver_ms = fastest_weaver(path, ("gpu", "cpu") if on_gpu else ("cpu",), threads)
+        # placed for the shape it is built for: a DARTree (one backend graph a tree) at the default budget,
+        # else a TfM tree (a graph a heap round)
+        dartree = self.tree_mode == "dartree"
+        w, self.weaver_ms = fastest_weaver(path, ("gpu", "cpu") if on_gpu else ("cpu",), threads,
+                                           budget=DEFAULT_TREE_BUDGET if dartree else 16,
+                                           dartree_target=str(target_path) if dartree else None)
         want = {"target_hidden": self.target.model.n_embd, "drafter_hidden": self.drafter.model.n_embd,
                 "depth": self.drafter.block_size - 1}
         bad = [f"{k} {w.shape[k]} (here {v})" for k, v in want.items() if w.shape[k] != v]

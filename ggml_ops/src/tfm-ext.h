@@ -190,6 +190,29 @@ LLAMA_API int32_t tfm_weaver_nodes_begin(struct tfm_weaver * w, const float * h_
 LLAMA_API int32_t tfm_weaver_nodes_add(struct tfm_weaver * w, int32_t n, const int32_t * parent, const float * step_emb,
                                        float * q_out);
 
+// DARTree on the backend (API version 17; arXiv 2608.13524; tfm_local/decode/tree.py build_dartree is the
+// reference). tfm_weaver_attach_target loads the codes table onto the Weaver's backend and computes every
+// token's step input (step_proj of the normed row of the target GGUF's token_embd.weight) into a table kept
+// there: 0, -1 for a target whose embeddings do not fit the Weaver (width, vocabulary) or an unreadable file,
+// -2 / -3 as above. tfm_weaver_dartree then builds one draft's DARTree in one graph (kept per shape): the
+// prefix (h_target [target_hidden], h_drafter [depth, drafter_hidden]), then n_depth rounds (1..depth); round
+// d scores the top_k candidates cand[d] (int32 [n_depth, top_k], target ids) of each live branch, logits
+// cand_logit[d] + codes[c] . q, log-softmax over top_k, plus the branch's path score; round 0 has the root
+// (token root) as its one branch, round d + 1 the `width` best children of round d (fewer when round d has
+// fewer children). Then one top-budget over every child of every round by path score + beta * depth
+// (beta <= 0). Out: live [n_live], int32, for rounds 1..n_depth-1 in order, each branch's flat index
+// r * top_k + k into the children of the round before (r the parent's row in that round, k the candidate),
+// in no particular order within a round; live_score [n_live] its path score; sel [B] the selected nodes'
+// indices into the concatenated children of all rounds (round 0's first), in no particular order, and
+// sel_score [B] their path scores, B = min(budget, all children). n_live = sum over rounds 1..n_depth-1 of
+// min(width, top_k * the round before's branches). Returns B; -1 on bad arguments (no target attached,
+// a token out of range, beta > 0), -2 / -3 as above.
+LLAMA_API int32_t tfm_weaver_attach_target(struct tfm_weaver * w, const char * target_path);
+LLAMA_API int32_t tfm_weaver_dartree(struct tfm_weaver * w, const float * h_target, const float * h_drafter,
+                                     int32_t n_depth, int32_t top_k, const int32_t * cand, const float * cand_logit,
+                                     int32_t root, int32_t width, int32_t budget, float beta, int32_t * live,
+                                     float * live_score, int32_t * sel, float * sel_score);
+
 #ifdef __cplusplus
 }
 #endif

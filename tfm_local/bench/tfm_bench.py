@@ -332,7 +332,10 @@ def main(argv=None) -> None:
     spec = [m.label for m in modes if m.budget != 0]
     if spec and args.no_draft:
         fail(f"mode(s) {', '.join(spec)} need a drafter; drop --no-draft or use --modes plain")
-    args.tree, args.budget = "chain", (None if spec else 0)
+    # with the Weaver and a DARTree mode, the engine places the Weaver where a DARTree builds fastest
+    # (``Engine.weaver_ms``), else where a TfM tree does
+    dartree = args.weaver and any(m.tree == "dartree" for m in modes)
+    args.tree, args.budget = "dartree" if dartree else "chain", (None if spec else 0)
     engine = engine_from_args(args)
     if spec and engine.drafter is None:
         fail(f"mode(s) {', '.join(spec)} need a drafter, and none was loaded")
@@ -448,8 +451,8 @@ def machine_info(args, engine) -> dict:
 def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None, samplings=()) -> None:
     """Write the bench JSON atomically: command, date, machine, models, sampling (the first setting's
     parameters, None = greedy), samplings (every setting: label and parameters), summary rows,
-    per-prompt runs, and with a Weaver the ms of a TfM tree on each device timed at load (``weaver_ms``,
-    ``Engine.weaver_ms``: the faster device runs it).
+    per-prompt runs, and with a Weaver the ms of a TfM tree (a DARTree when a mode is dartree@B) on each
+    device timed at load (``weaver_ms``, ``Engine.weaver_ms``: the faster device runs it).
     With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
     lists the finished sets, so that an interrupted run keeps them."""
     doc = dict(**run_record(argv), machine=machine_info(args, engine),

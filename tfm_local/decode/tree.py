@@ -282,6 +282,53 @@ def dartree_supertree(cand_tokens: np.ndarray, score: PathScorer, width: int):
     return np.concatenate(parents), np.concatenate(depth), np.concatenate(scores), np.concatenate(ranks)
 
 
+def dartree_from_rounds(root: int, cand_tokens: np.ndarray, rows: list[int], live: np.ndarray,
+                        live_score: np.ndarray, sel: np.ndarray, sel_score: np.ndarray) -> Tree | None:
+    """The DARTree tree from what a builder on the backend reads back (``weaver.Weaver.dartree``), numbered
+    as ``build_dartree`` numbers it: the live branches of each round (flat child indices ``r * K + k`` into
+    the round before, in any order; ``rows[d]`` of them in round d, round 0 the root alone) and the
+    selected nodes (indices into the children of all rounds, round 0's first; any order) with their path
+    scores. Work is O(B + the live branches), never over the supertree's nodes.
+
+    Args:
+        cand_tokens: int ``[D, K]``. rows: live branches a round (``native.dartree_rows``).
+        live / live_score: ``[sum(rows[1:])]``; sel / sel_score: ``[B]``.
+    Returns:
+        the tree (``logp`` the path scores), or None when the selection is not prefix-closed (only possible on
+        an exact tie between a node and its parent, beta = 0: the caller then builds on the host).
+    """
+    D, K = cand_tokens.shape
+    start = np.concatenate([[0], np.cumsum([K * r for r in rows])])  # each round's first child (backend)
+    offset = start + 1                                                 # ... and in build_dartree's numbering
+    rank = [np.zeros(1, np.int64)]   # each round's rows: their rank in build_dartree's live order
+    ref = [np.zeros(1, np.int64)]    # ... and their node index there (the root's 0)
+    at = 0
+    for d in range(1, len(rows)):
+        o = live[at:at + rows[d]].astype(np.int64)
+        at += rows[d]
+        idx = offset[d - 1] + rank[d - 1][o // K] * K + o % K
+        order = np.lexsort((idx, -live_score[at - rows[d]:at].astype(np.float64)))
+        r = np.empty(len(o), np.int64)
+        r[order] = np.arange(len(o))
+        rank.append(r)
+        ref.append(idx)
+    sel = sel.astype(np.int64)
+    d = np.searchsorted(start, sel, side="right") - 1
+    o = sel - start[d]
+    node = np.array([offset[a] + rank[a][b // K] * K + b % K for a, b in zip(d, o)], np.int64)
+    parent = np.array([0 if a == 0 else ref[a][b // K] for a, b in zip(d, o)], np.int64)
+    order = np.argsort(node, kind="stable")
+    index = {0: 0}
+    index.update({int(v): i + 1 for i, v in enumerate(node[order])})
+    nodes = []
+    for i in order:
+        p = index.get(int(parent[i]))
+        if p is None:
+            return None
+        nodes.append((p, int(cand_tokens[d[i], o[i] % K]), float(sel_score[i])))
+    return Tree.from_lists(root, nodes)
+
+
 def global_top(prune: np.ndarray, budget: int) -> np.ndarray:
     """Indices of the ``budget`` best drafted nodes (node 0 excluded) by ``prune``, ties to the lower index."""
     cand = np.arange(1, len(prune))

@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 
 from ..llama import native
-from .tree import Tree, build_dartree, build_tfm
+from .tree import Tree, build_dartree, build_tfm, dartree_from_rounds
 
 
 class Weaver:
@@ -96,6 +96,37 @@ class Weaver:
         """Corrected logits ``[n_paths, K]``: ``cand_logit + codes[cand] · q`` (cand int ``[n_paths, K]``)."""
         return np.asarray(cand_logit, np.float32) + np.einsum("pkr,pr->pk", self.codes[cand], q)
 
+    def attach_target(self, target: str | os.PathLike) -> None:
+        """Make ``dartree`` ready: the codes table onto the backend and every token's step input from the target
+        GGUF's embeddings into a table there (``tfm_weaver_attach_target``; a vocabulary's rows at load, not
+        per tree). Raises ValueError when the target does not fit the Weaver, NativeError when the backend fails."""
+        self.attached = None  # a failed attach frees what an earlier one made
+        native.weaver_attach_target(self._w, str(target))
+        self.attached = str(target)
+
+    attached: str | None = None  #: the target ``attach_target`` read, None before
+
+    def dartree(self, root: int, h_target: np.ndarray, h_drafter: np.ndarray, cand: np.ndarray,
+                cand_logit: np.ndarray, budget: int, width: int = 12, beta: float = -0.2) -> Tree | None:
+        """One draft's DARTree built on the backend in one call (``tfm_weaver_dartree``: the supertree, its
+        scores and the global top-B stay there; the host renumbers the B selected nodes,
+        ``tree.dartree_from_rounds``). The tree ``tree.build_dartree`` builds with ``WeaverPaths`` on the same
+        inputs, up to float32 rounding (ties between candidates whose scores are equal in float32 may go
+        either way). Arguments as ``TfmDrafter.dartree``; needs ``attach_target``.
+
+        Returns:
+            the tree, or None when the selection is not prefix-closed (an exact parent-child tie at beta 0).
+        Raises:
+            ValueError: no target attached, or inputs that do not fit. NativeError: the backend fails.
+        """
+        if self.attached is None:
+            raise ValueError("Weaver.dartree needs attach_target(target) first")
+        cand = np.asarray(cand)
+        live, live_score, sel, sel_score = native.weaver_dartree(self._w, self.shape, h_target, h_drafter, root, cand,
+                                                                 cand_logit, width, budget, beta)
+        rows = native.dartree_rows(cand.shape[0], cand.shape[1], width)
+        return dartree_from_rounds(int(root), cand, rows, live, live_score, sel, sel_score)
+
     def close(self) -> None:
         """Free the backend's copy (idempotent)."""
         self._w = self._owner = self._tree = None
@@ -123,6 +154,7 @@ class TargetEmbeddings:
         e = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
         if e is None:
             raise ConvertError(f"{target} has no token_embd.weight")
+        self.path = str(target)
         self.n_embd, self.n_vocab = int(e.ne[0]), int(e.ne[1])
         self._qt = gguf.GGMLQuantizationType(e.ggml_type)
         self._row = e.nbytes // self.n_vocab
@@ -212,8 +244,10 @@ def tfm_tree(weaver: Weaver, embed: TargetEmbeddings, root: int, h_target: np.nd
     return build_tfm(root, np.asarray(cand), budget, score, width or -(-budget // 16), children)
 
 
-def _tree_ms(w: Weaver, budget: int, repeats: int) -> float:
-    """Median milliseconds of a TfM tree of ``budget`` nodes over random drafts of ``w``'s shape (one warm-up)."""
+def _tree_ms(w: Weaver, budget: int, repeats: int, target: str | None = None) -> float:
+    """Median milliseconds of a tree of ``budget`` nodes over random drafts of ``w``'s shape (one warm-up):
+    a TfM tree, or with ``target`` a DARTree built on the backend (``Weaver.dartree``, after
+    ``attach_target``: the table of step inputs is built first, untimed)."""
     import time
 
     s, rng = w.shape, np.random.default_rng(0)
@@ -223,19 +257,25 @@ def _tree_ms(w: Weaver, budget: int, repeats: int) -> float:
     ht = rng.standard_normal(s["target_hidden"]).astype(np.float32)
     hd = rng.standard_normal((D, s["drafter_hidden"])).astype(np.float32)
     emb = lambda ids: np.ones((len(ids), s["target_hidden"]), np.float32)  # noqa: E731 (timing only)
+    if target is not None:
+        w.attach_target(target)
     runs = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        tfm_tree(w, emb, 0, ht, hd, cand, logit, budget)
+        if target is not None:
+            w.dartree(0, ht, hd, cand, logit, budget)
+        else:
+            tfm_tree(w, emb, 0, ht, hd, cand, logit, budget)
         runs.append(time.perf_counter() - t0)
     return 1e3 * float(np.median(runs[1:]))
 
 
 def fastest_weaver(path: str | os.PathLike, devices: tuple[str, ...], n_threads: int | None = None,
-                   budget: int = 16, repeats: int = 3) -> tuple[Weaver, dict[str, float]]:
+                   budget: int = 16, repeats: int = 3, dartree_target: str | None = None) -> tuple[Weaver, dict[str, float]]:
     """The Weaver loaded on whichever of ``devices`` ("cpu", "gpu") builds a TfM tree of ``budget`` nodes
-    fastest, and the median milliseconds a tree on each (random drafts of the Weaver's shape, one warm-up
-    tree, then ``repeats``). A heap round is a small graph whose fixed costs (launches, a synchronisation,
+    fastest (with ``dartree_target``, the target GGUF: a DARTree of ``budget`` nodes built on the backend,
+    ``Weaver.dartree``), and the median milliseconds a tree on each (random drafts of the Weaver's shape,
+    one warm-up tree, then ``repeats``). A heap round is a small graph whose fixed costs (launches, a synchronisation,
     copies) can outweigh its arithmetic on a GPU: the first default-pair Weaver took 6-13 ms a tree on an
     H200 (docs/gpu.md). The others are closed; a device that cannot load it is skipped.
 
@@ -257,7 +297,7 @@ def fastest_weaver(path: str | os.PathLike, devices: tuple[str, ...], n_threads:
             except Exception as e:  # e.g. no GPU backend for it: the other devices serve
                 failed = e
                 continue
-            times[dev] = _tree_ms(w, budget, repeats)
+            times[dev] = _tree_ms(w, budget, repeats, dartree_target)
     except BaseException:
         for w in loaded.values():
             w.close()
@@ -285,6 +325,12 @@ class TfmDrafter:
         self.weaver, self.embed, self.width, self.children = weaver, embed, width, children
         self.h_target: np.ndarray | None = None
 
+    def attach(self) -> None:
+        """Build DARTree trees on the Weaver's backend from here on (``Weaver.attach_target`` with this
+        target; once). Raises as ``Weaver.attach_target``."""
+        if self.weaver.attached is None:
+            self.weaver.attach_target(self.embed.path)
+
     @property
     def top_k(self) -> int:
         """K, the drafter's candidates per block position the Weaver scores."""
@@ -300,8 +346,13 @@ class TfmDrafter:
     def dartree(self, root: int, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray, budget: int,
                 width: int = 12, beta: float = -0.2) -> Tree:
         """The DARTree tree of ``budget`` drafted nodes with the Weaver as its correction head
-        (``tree.build_dartree``: ``width`` live branches a depth, one Weaver call a depth, depth bonus
-        ``beta``; the paper's defaults)."""
+        (``tree.build_dartree``: ``width`` live branches a depth, depth bonus ``beta``; the paper's defaults):
+        built on the Weaver's backend in one call once ``attach`` has run (``Weaver.dartree``), else on the
+        host with one Weaver call a depth (``WeaverPaths``), as also on an exact parent-child tie."""
+        if self.weaver.attached is not None:
+            tree = self.weaver.dartree(root, self.h_target, hidden, cand, cand_logp, budget, width, beta)
+            if tree is not None:
+                return tree
         score = WeaverPaths(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp,
                             capacity=1 + width * len(cand))
         return build_dartree(root, np.asarray(cand), budget, score, width, beta)

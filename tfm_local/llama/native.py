@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 16
+API_VERSION = 17
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -50,6 +50,10 @@ int32_t tfm_weaver_steps(void * w, int32_t n_paths, const int32_t * path_draft, 
                          const float * step_emb, float * q_out);
 int32_t tfm_weaver_nodes_begin(void * w, const float * h_target, const float * h_drafter, int32_t max_nodes);
 int32_t tfm_weaver_nodes_add(void * w, int32_t n, const int32_t * parent, const float * step_emb, float * q_out);
+int32_t tfm_weaver_attach_target(void * w, const char * target_path);
+int32_t tfm_weaver_dartree(void * w, const float * h_target, const float * h_drafter, int32_t n_depth, int32_t top_k,
+                           const int32_t * cand, const float * cand_logit, int32_t root, int32_t width, int32_t budget,
+                           float beta, int32_t * live, float * live_score, int32_t * sel, float * sel_score);
 void tfm_test_op_set_fparams(const float * p, int32_t n);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
@@ -509,7 +513,7 @@ def bench_op(op: str, srcs, iparam: int = 0, device: str = "cpu", n_threads: int
     return ms
 
 
-# -- the Weaver (tfm_weaver_*, API versions 12-13) ----------------------------------------------------
+# -- the Weaver (tfm_weaver_*, API versions 12-14, 17) ----------------------------------------------------
 
 def weaver_load(path: str, device: int, n_threads: int):
     """A loaded Weaver GGUF on the CPU (``device`` 0) or the first GPU (1): a cffi handle freed when
@@ -635,3 +639,64 @@ def weaver_nodes_add(w, shape: dict, parent: np.ndarray, step_emb: np.ndarray) -
     if r < 0:
         raise NativeError(f"tfm_weaver_nodes_add failed ({r})")
     return out
+
+
+def weaver_attach_target(w, target: str) -> None:
+    """Load the codes table onto the Weaver's backend and compute every token's step input from the target
+    GGUF's token embeddings into a table kept there (``tfm_weaver_attach_target``), for ``weaver_dartree``.
+    Raises ValueError when the target's embeddings do not fit the Weaver (width, vocabulary) or cannot be
+    read, NativeError when the backend fails."""
+    _, h = lib()
+    r = h.tfm_weaver_attach_target(w, str(target).encode())
+    if r == -1:
+        raise ValueError(f"the Weaver cannot use the embeddings of {target} (no token_embd.weight of its width "
+                         "and vocabulary, or an unreadable file)")
+    if r < 0:
+        raise NativeError(f"tfm_weaver_attach_target failed ({r})")
+
+
+def dartree_rows(n_depth: int, top_k: int, width: int) -> list[int]:
+    """Live branches of each DARTree round on the backend: 1 (the root), then min(width, top_k × the last)."""
+    rows = [1]
+    for _ in range(1, n_depth):
+        rows.append(min(width, top_k * rows[-1]))
+    return rows[:n_depth]
+
+
+def weaver_dartree(w, shape: dict, h_target: np.ndarray, h_drafter: np.ndarray, root: int, cand: np.ndarray,
+                   cand_logit: np.ndarray, width: int, budget: int, beta: float):
+    """One draft's DARTree built on the Weaver's backend in one call (``tfm_weaver_dartree``; needs
+    ``weaver_attach_target``). h_target ``[target_hidden]``, h_drafter ``[depth, drafter_hidden]``,
+    cand int ``[n_depth, top_k]`` (target ids), cand_logit float ``[n_depth, top_k]``.
+
+    Returns:
+        (live int32 ``[n_live]``, live_score float32 ``[n_live]``, sel int32 ``[B]``, sel_score float32 ``[B]``):
+        as tfm-ext.h describes; ``dartree_rows`` gives each round's share of ``live``.
+    Raises:
+        ValueError: inputs that do not fit the Weaver or that the library refuses (no target attached, a token
+        out of range, beta > 0). NativeError: the backend fails.
+    """
+    ffi, h = lib()
+    ht, hd = _prefix_inputs(shape, np.asarray(h_target)[None], np.asarray(h_drafter)[None])
+    c = np.ascontiguousarray(cand, dtype=np.int32)
+    cl = np.ascontiguousarray(cand_logit, dtype=np.float32)
+    if c.ndim != 2 or c.shape != cl.shape or not 1 <= c.shape[0] <= shape["depth"] or c.shape[1] < 1:
+        raise ValueError(f"candidates of shape {c.shape} and logits of shape {cl.shape} (want [n_depth <= "
+                         f"{shape['depth']}, top_k], both)")
+    if int(width) < 1 or int(budget) < 1 or not float(beta) <= 0:
+        raise ValueError(f"width {width} and budget {budget} must be >= 1, beta {beta} <= 0")
+    D, K = c.shape
+    n_live = sum(dartree_rows(D, K, int(width))[1:])
+    n_total = K * sum(dartree_rows(D, K, int(width)))
+    B = min(int(budget), n_total)
+    live, live_score = np.empty(n_live, np.int32), np.empty(n_live, np.float32)
+    sel, sel_score = np.empty(B, np.int32), np.empty(B, np.float32)
+    f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
+    r = h.tfm_weaver_dartree(w, f(ht, "float *"), f(hd, "float *"), D, K, f(c, "int32_t *"), f(cl, "float *"),
+                             int(root), int(width), int(budget), float(beta), f(live, "int32_t *"),
+                             f(live_score, "float *"), f(sel, "int32_t *"), f(sel_score, "float *"))
+    if r == -1:
+        raise ValueError("tfm_weaver_dartree refused its inputs (no target attached, a token out of range, or beta > 0)")
+    if r < 0:
+        raise NativeError(f"tfm_weaver_dartree failed ({r})")
+    return live, live_score, sel, sel_score
