@@ -159,12 +159,13 @@ def test_fit_scores_held_out_sequences_and_refuses_a_corpus_of_another_target(pa
 def test_tfm_trees_of_a_fresh_weaver_are_ddtree_and_a_trained_one_accepts_more(pair, tmp_path):
     """With every token a candidate, one entry popped a round and every candidate offered, a fresh
     Weaver's TfM tree is DDTree's (the same best-first order over the same path log-probabilities), so
-    each draft accepts the same tokens; after training, TfM@16 accepts more than DDTree@16 on the
-    sequences it was trained on (a random drafter: DDTree barely gets past the root)."""
+    each draft accepts the same tokens, and so is its DARTree with W >= B and beta 0; after training,
+    TfM@16 and DARTree@16 accept more than DDTree@16 on the sequences it was trained on (a random
+    drafter: DDTree barely gets past the root), and DARTree's W and K sweep is reported."""
     from tfm_local.train.batching import make_batch
     from tfm_local.train.corpus import load_corpus
     from tfm_local.train.target_torch import TorchTarget
-    from tfm_local.train.weaver_eval import compare_trees, ddtree_accepted, tfm_accepted
+    from tfm_local.train.weaver_eval import compare_trees, dartree_accepted, ddtree_accepted, tfm_accepted
     from tfm_local.train.weaver_fit import load_frozen_drafter, weaver_inputs
 
     d, target, drafter, _ = pair
@@ -178,6 +179,8 @@ def test_tfm_trees_of_a_fresh_weaver_are_ddtree_and_a_trained_one_accepts_more(p
     x = weaver_inputs(tgt, dft, batch, V)
     for b in (3, 8):
         assert np.array_equal(tfm_accepted(w, tgt, x, b, width=1, children=V), ddtree_accepted(x, b))
+        # and so is its DARTree with as many branches as nodes and no depth bonus (tree.build_dartree's doc)
+        assert np.array_equal(dartree_accepted(w, tgt, x, b, width=b, beta=0.0), ddtree_accepted(x, b))
     res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=40, **OPTS), "cpu",
                      log=lambda s: None)
     from tfm_local.train.checkpoint import load_checkpoint
@@ -187,6 +190,9 @@ def test_tfm_trees_of_a_fresh_weaver_are_ddtree_and_a_trained_one_accepts_more(p
     trained.load_state_dict(st["model"])
     taus = compare_trees(trained, tgt, dft, seqs[:6], WeaverOptions(**OPTS), budgets=(16,))
     assert taus["drafts"] > 20 and taus["tfm@16"] > taus["ddtree@16"] + 1.0 and taus["chain_weaver"] > taus["chain"]
+    assert taus["dartree@16"] > taus["ddtree@16"] + 1.0
+    assert {"dartree@16/w4", "dartree@16/w24", "dartree@16/k8", "dartree@16/k32"} <= set(taus)
+    assert taus["dartree@16/w24"] >= taus["dartree@16/w4"] - 0.5
 
 
 def test_weaver_gguf_round_trip_export_and_refusals(pair, tmp_path):

@@ -14,6 +14,8 @@
                       growth after warm-up
 - ``load``            ``tfm-bench-load``: tfm-serve under concurrent streaming clients, dropped streams and bad
                       bodies: 5xx, failed requests, greedy answers against the idle server's, TTFT, memory
+- ``trees``           ``tfm-bench-trees``: ms of a tree with the Weaver, the TfM heap against DARTree on the host
+                      and on the backend, per device
 - ``upstream``        upstream llama.cpp's DFlash chain on the same prompts (``python -m``)
 - ``profile_passes``  per-kernel CUDA profile of target and drafter passes
 - ``tau_by_category`` MT-Bench τ per category of tfm-bench JSON files

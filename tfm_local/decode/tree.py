@@ -251,35 +251,59 @@ def build_dartree(root: int, cand_tokens: np.ndarray, budget: int, score: PathSc
     """
     if beta > 0:
         raise ValueError(f"beta must be <= 0 (a positive depth bonus breaks prefix closure), got {beta}")
-    parents, depth, scores, ranks = dartree_supertree(cand_tokens, score, width)
-    keep = np.sort(global_top(scores + beta * depth, budget))
-    if not np.isin(parents[keep], np.append(keep, 0)).all():
-        raise ValueError("the selection is not prefix-closed: the scorer must return log-probabilities (<= 0)")
-    return _select(root, cand_tokens, parents, depth, scores, ranks, keep)
+    return dartree_select(root, cand_tokens, dartree_supertree(cand_tokens, score, width), budget, beta)
 
 
 def dartree_supertree(cand_tokens: np.ndarray, score: PathScorer, width: int):
     """DARTree's materialised supertree: ``(parents, depth, scores, ranks)`` over its nodes (node 0 =
     the root; int / int / float64 / int ``[n]``, ``ranks[v]`` node v's candidate rank at its depth),
     depth-major: the children of one depth's live branches, branch by branch, rank by rank."""
-    D, K = cand_tokens.shape
-    parents, depth, scores, ranks = [np.array([-1])], [np.array([0])], [np.array([0.0])], [np.array([-1])]
-    live, live_scores, live_paths = np.array([0]), np.array([0.0]), [()]
-    n = 1
-    for d in range(D):
-        if not len(live):
-            break
-        s = (live_scores[:, None] + np.asarray(score(live_paths), dtype=np.float64)[:, :K]).reshape(-1)
-        ks = np.tile(np.arange(K), len(live))
-        parents.append(np.repeat(live, K))
-        depth.append(np.full(len(s), d + 1))
-        scores.append(s)
-        ranks.append(ks)
-        order = np.argsort(-s, kind="stable")[:width]
-        live_paths = [live_paths[o // K] + (int(ks[o]),) for o in order]
-        live, live_scores = n + order, s[order]
-        n += len(s)
-    return np.concatenate(parents), np.concatenate(depth), np.concatenate(scores), np.concatenate(ranks)
+    grow = DartreeGrowth(cand_tokens, width)
+    while grow.wants:
+        grow.feed(score(grow.wants))
+    return grow.supertree()
+
+
+class DartreeGrowth:
+    """One draft's DARTree supertree grown depth by depth from outside (``dartree_supertree`` drives one;
+    the trainer's held-out τ drives many from one batched scorer call a depth): ``wants`` lists the live
+    branches (candidate ranks, ``()`` = the root) whose next-depth log-probabilities ``feed`` takes (float
+    ``[len(wants), >= K]``, the first K used); empty once every depth is scored (``supertree``)."""
+
+    def __init__(self, cand_tokens: np.ndarray, width: int):
+        self.K, self.D, self.width = cand_tokens.shape[1], cand_tokens.shape[0], width
+        self._parts = ([np.array([-1])], [np.array([0])], [np.array([0.0])], [np.array([-1])])
+        self._live, self._scores = np.array([0]), np.array([0.0])
+        self.wants: list[tuple[int, ...]] = [()] if self.D and self.K else []
+        self._n, self._d = 1, 0
+
+    def feed(self, lps) -> None:
+        K = self.K
+        s = (self._scores[:, None] + np.asarray(lps, dtype=np.float64)[:, :K]).reshape(-1)
+        ks = np.tile(np.arange(K), len(self._live))
+        for part, v in zip(self._parts, (np.repeat(self._live, K), np.full(len(s), self._d + 1), s, ks)):
+            part.append(v)
+        order = np.argsort(-s, kind="stable")[:self.width]
+        self.wants = [self.wants[o // K] + (int(ks[o]),) for o in order]
+        self._live, self._scores = self._n + order, s[order]
+        self._n += len(s)
+        self._d += 1
+        if self._d >= self.D:
+            self.wants = []
+
+    def supertree(self):
+        """``(parents, depth, scores, ranks)`` as ``dartree_supertree`` returns them."""
+        return tuple(np.concatenate(p) for p in self._parts)
+
+
+def dartree_select(root: int, cand_tokens: np.ndarray, supertree, budget: int, beta: float) -> Tree:
+    """The tree of the global top-``budget`` of a DARTree supertree by path + beta·depth (``build_dartree``'s
+    last step). Raises ValueError when the selection is not prefix-closed (scores that are not log-probabilities)."""
+    parents, depth, scores, ranks = supertree
+    keep = np.sort(global_top(scores + beta * depth, budget))
+    if not np.isin(parents[keep], np.append(keep, 0)).all():
+        raise ValueError("the selection is not prefix-closed: the scorer must return log-probabilities (<= 0)")
+    return _select(root, cand_tokens, parents, depth, scores, ranks, keep)
 
 
 def dartree_from_rounds(root: int, cand_tokens: np.ndarray, rows: list[int], live: np.ndarray,

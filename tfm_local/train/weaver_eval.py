@@ -12,13 +12,16 @@ path spells them (``accepted_length``); τ = 1 + its mean (the bonus token). Tre
   Weaver call pops the w best frontier entries, makes them nodes, and scores the candidates of the next
   depth conditioned on each new node's path; each offers its ``children`` best, scored by the parent's
   cumulative log-probability plus the log-softmax over the candidates.
+- DARTree@B (arXiv 2608.13524): depth by depth, the W best branches' K candidates scored by the Weaver in
+  one batched call a depth for every draft, then one global top-B by path + beta·depth
+  (``tfm_local.decode.tree.DartreeGrowth``, ``dartree_select``); swept over W and K at the largest budget.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..decode.tree import TfmHeap, build_ddtree
+from ..decode.tree import DartreeGrowth, TfmHeap, build_ddtree, dartree_select
 from .batching import IGNORE
 from .weaver import Weaver
 from .weaver_fit import WeaverInputs
@@ -76,9 +79,38 @@ def tfm_accepted(weaver: Weaver, target, x: WeaverInputs, budget: int, width: in
     return out
 
 
-def _path_scores(weaver, target, x, codes, cand, root, jobs) -> list[np.ndarray]:
-    """Log-softmax over the K candidates of the next depth for each (draft, path of candidate ranks),
-    in one Weaver call (paths padded at the end: a step never sees later steps)."""
+@torch.no_grad()
+def dartree_accepted(weaver: Weaver, target, x: WeaverInputs, budget: int, width: int = 12, top_k: int | None = None,
+                     beta: float = -0.2) -> np.ndarray:
+    """Accepted tokens per draft (int ``[N]``) of DARTree@``budget`` with ``weaver`` as its head (module doc):
+    one ``tree.DartreeGrowth`` per draft, all N a depth at a time, one batched Weaver call a depth.
+
+    Args:
+        width: W, live branches a depth. top_k: the first K candidates a position (None = all; the Weaver's
+            log-softmax then runs over these K). beta: the depth bonus (<= 0).
+    """
+    codes = x.codes(weaver)
+    cand, labels, root = x.cand.cpu().numpy(), x.labels.cpu().numpy(), x.root.cpu().numpy()
+    k = top_k or cand.shape[2]
+    grow = [DartreeGrowth(cand[n, :, :k], width) for n in range(len(cand))]
+    while True:
+        jobs = [(n, p) for n, g in enumerate(grow) for p in g.wants]
+        if not jobs:
+            break
+        scores = iter(_path_scores(weaver, target, x, codes, cand, root, jobs, k))
+        for g in grow:
+            if g.wants:
+                g.feed([next(scores) for _ in g.wants])
+    out = np.zeros(len(grow), dtype=np.int64)
+    for n, g in enumerate(grow):
+        t = dartree_select(int(root[n]), cand[n, :, :k], g.supertree(), budget, beta)
+        out[n] = accepted_length(t.parents, t.tokens, labels[n])
+    return out
+
+
+def _path_scores(weaver, target, x, codes, cand, root, jobs, top_k: int | None = None) -> list[np.ndarray]:
+    """Log-softmax over the K candidates of the next depth (the first ``top_k``, None = all) for each (draft,
+    path of candidate ranks), in one Weaver call (paths padded at the end: a step never sees later steps)."""
     S = max(len(p) for _, p in jobs) + 1
     idx = torch.tensor([n for n, _ in jobs], device=x.cand.device)
     ids = np.zeros((len(jobs), S), dtype=np.int64)
@@ -89,16 +121,22 @@ def _path_scores(weaver, target, x, codes, cand, root, jobs) -> list[np.ndarray]
     steps = target.embed(torch.from_numpy(ids).to(x.cand.device)).float()
     logits = weaver(x.h_target[idx], x.h_drafter[idx], steps, x.cand_logit[idx, :S], codes[idx, :S])
     last = torch.tensor([len(p) for _, p in jobs], device=logits.device)
-    lp = torch.log_softmax(logits[torch.arange(len(jobs), device=logits.device), last].float(), -1)
+    lp = torch.log_softmax(logits[torch.arange(len(jobs), device=logits.device), last, :top_k].float(), -1)
     return list(lp.cpu().numpy())
+
+
+#: DARTree's sweep at the largest budget of ``compare_trees`` (W = 12 and all K are ``dartree@B`` itself)
+DARTREE_WIDTHS = (4, 8, 16, 24)
+DARTREE_KS = (8, 16, 32)
 
 
 @torch.no_grad()
 def compare_trees(weaver: Weaver, target, drafter, seqs, opts, budgets=(16, 32, 64), width: int | None = None,
                   children: int = 8) -> dict:
-    """τ (1 + mean accepted tokens) of the chain, DDTree@B and TfM@B over ``seqs`` (the batches of
-    ``weaver_fit.evaluate_weaver``): ``{"drafts", "chain", "chain_weaver", "ddtree@B", "tfm@B"}``;
-    ``width`` None = ⌈B/16⌉ per budget (the paper's)."""
+    """τ (1 + mean accepted tokens) of the chain, DDTree@B, TfM@B and DARTree@B over ``seqs`` (the batches
+    of ``weaver_fit.evaluate_weaver``): ``{"drafts", "chain", "chain_weaver", "ddtree@B", "tfm@B",
+    "dartree@B", ...}``; ``width`` None = ⌈B/16⌉ per budget (the paper's). At the largest budget DARTree is
+    swept: W in ``DARTREE_WIDTHS`` ("dartree@B/wW") and K in ``DARTREE_KS`` below the Weaver's ("dartree@B/kK")."""
     from .weaver import accepted_prefix, candidate_loss
     from .weaver_fit import heldout_batches, weaver_inputs
 
@@ -114,6 +152,12 @@ def compare_trees(weaver: Weaver, target, drafter, seqs, opts, budgets=(16, 32, 
             acc.setdefault(f"ddtree@{b}", []).append(ddtree_accepted(x, b))
             w = width or -(-b // 16)
             acc.setdefault(f"tfm@{b}", []).append(tfm_accepted(weaver, target, x, b, w, children))
+            acc.setdefault(f"dartree@{b}", []).append(dartree_accepted(weaver, target, x, b))
+        b = max(budgets, default=0)
+        for w in (DARTREE_WIDTHS if b else ()):
+            acc.setdefault(f"dartree@{b}/w{w}", []).append(dartree_accepted(weaver, target, x, b, width=w))
+        for k in (k for k in DARTREE_KS if b and k < weaver.config.top_k):
+            acc.setdefault(f"dartree@{b}/k{k}", []).append(dartree_accepted(weaver, target, x, b, top_k=k))
     out = {k: 1.0 + float(np.concatenate(v).mean()) if v else 0.0 for k, v in acc.items()}
     out["drafts"] = int(sum(len(a) for a in acc.get("chain", [])))
     return out
