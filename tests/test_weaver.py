@@ -692,3 +692,29 @@ def test_dartree_on_the_backend_is_the_hosts_dartree(pair, tmp_path, device):
             rt.dartree(0, ht, hd, kw["cand"], np.zeros(kw["cand"].shape), 8, 2, kw["beta"])
     with pytest.raises(ValueError, match="cannot use the embeddings"):
         rt.attach_target(drafter)  # a GGUF without the target's embeddings
+
+
+def test_tfm_bench_trees_refuses_bad_input_clearly(pair, tmp_path, capsys):
+    """tfm-bench-trees: bad budgets, a positive beta, an unknown device, a missing Weaver or an unreadable
+    target end with one clear line and exit status 2, no traceback; a small run prints its table and JSON."""
+    import json
+
+    from tfm_local.bench.trees import main
+    from tfm_local.train.weaver_fit import export_weaver
+
+    d, target, drafter, _ = pair
+    for argv, msg in ((["--budgets", "1,x"], "--budgets"), (["--beta", "0.1"], "--beta"),
+                      (["--devices", "tpu"], "--devices"), (["--target", str(drafter) + ".nope"], "target"),
+                      (["--weaver", str(tmp_path / "none.gguf")], "none.gguf")):
+        kw = {"--weaver": str(tmp_path / "none.gguf"), "--target": str(target)}
+        kw.update(dict(zip(argv[::2], argv[1::2])))
+        assert main([x for kv in kw.items() for x in kv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tfm-bench-trees: ") and msg in err and "Traceback" not in err
+    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=2, **OPTS), "cpu",
+                     log=lambda s: None)
+    w = export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"]
+    assert main(["--weaver", str(w), "--target", str(target), "--budgets", "8", "--drafts", "2", "--devices", "cpu",
+                 "--threads", "1", "--json", str(tmp_path / "t.json")]) == 0
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["same"] == 2 and rows[0]["dartree_ms"] > 0

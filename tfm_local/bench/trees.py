@@ -57,18 +57,33 @@ def main(argv=None) -> int:
     from tfm_local.llama.model import gpu_available
 
     a = parse_args(argv)
-    if a.beta > 0:
-        print("tfm-bench-trees: --beta must be <= 0", file=sys.stderr)
+
+    def fail(msg: str) -> int:
+        print(f"tfm-bench-trees: {msg}", file=sys.stderr)
         return 2
-    budgets = [int(b) for b in a.budgets.split(",")]
+
+    try:
+        budgets = [int(b) for b in a.budgets.split(",")]
+    except ValueError:
+        return fail(f"--budgets must be comma-separated integers, got {a.budgets!r}")
+    if a.beta > 0 or a.width < 1 or a.drafts < 1 or min(budgets) < 1:
+        return fail("--beta must be <= 0, --width, --drafts and every budget >= 1")
     devices = a.devices.split(",") if a.devices else ["cpu"] + (["gpu"] if gpu_available() else [])
-    target = str(resolve_model(a.target))
-    embed = TargetEmbeddings(target)
+    if not set(devices) <= {"cpu", "gpu"}:
+        return fail(f"--devices takes cpu and gpu, got {a.devices!r}")
+    try:
+        target = str(resolve_model(a.target))
+        embed = TargetEmbeddings(target)
+    except Exception as e:  # an unreadable or missing target: a clear line, not a traceback
+        return fail(f"target {a.target}: {e}")
     rows = []
     for dev in devices:
-        w = Weaver(a.weaver, dev, a.threads)
-        t0 = time.perf_counter()
-        w.attach_target(target)
+        try:
+            w = Weaver(a.weaver, dev, a.threads)
+            t0 = time.perf_counter()
+            w.attach_target(target)
+        except Exception as e:  # a missing or malformed Weaver, one of another target, no such device
+            return fail(f"Weaver {a.weaver} on the {dev}: {e}")
         attach_s = time.perf_counter() - t0
         s, rng = w.shape, np.random.default_rng(0)
         D, K = s["depth"], s["top_k"]
