@@ -66,8 +66,15 @@ def main(argv=None) -> int:
         budgets = [int(b) for b in a.budgets.split(",")]
     except ValueError:
         return fail(f"--budgets must be comma-separated integers, got {a.budgets!r}")
-    if a.beta > 0 or a.width < 1 or a.drafts < 1 or min(budgets) < 1:
+    if not a.beta <= 0 or a.width < 1 or a.drafts < 1 or min(budgets) < 1:
         return fail("--beta must be <= 0, --width, --drafts and every budget >= 1")
+    if a.json:
+        from tfm_local.cli.common import check_writable
+
+        try:
+            check_writable(a.json, "--json")
+        except SystemExit:
+            return 2
     devices = a.devices.split(",") if a.devices else ["cpu"] + (["gpu"] if gpu_available() else [])
     if not set(devices) <= {"cpu", "gpu"}:
         return fail(f"--devices takes cpu and gpu, got {a.devices!r}")
