@@ -1134,6 +1134,25 @@ ggml_tensor * weaver_q_out(ggml_context * ctx, const tfm_weaver * W, ggml_tensor
     return ggml_mul_mat(ctx, W->get("out.weight"), weaver_norm(ctx, x, W->get("norm.weight"), W->eps));
 }
 
+// the prefix's keys [hd, H, P] and values [W, P] of every layer: the target states ht [target_hidden, n],
+// then the drafter states hdr [drafter_hidden, n * depth], each row at RoPE position pos [P]
+void weaver_prefix_kv(ggml_context * ctx, const tfm_weaver * W, ggml_tensor * ht, ggml_tensor * hdr, ggml_tensor * pos,
+                      std::vector<ggml_tensor *> & keys, std::vector<ggml_tensor *> & vals) {
+    const int32_t H = W->heads, hd = W->width / H;
+    ggml_tensor * t = ggml_mul_mat(ctx, W->get("target_proj.weight"), weaver_norm(ctx, ht, W->get("target_norm.weight"), W->eps));
+    ggml_tensor * d = ggml_mul_mat(ctx, W->get("drafter_proj.weight"), weaver_norm(ctx, hdr, W->get("drafter_norm.weight"), W->eps));
+    ggml_tensor * prefix = ggml_concat(ctx, t, d, 1);                                   // [W, P]
+    const int64_t P = prefix->ne[1];
+    keys.assign(W->layers, nullptr);
+    vals.assign(W->layers, nullptr);
+    for (int32_t l = 0; l < W->layers; ++l) {
+        auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
+        ggml_tensor * p = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
+        keys[l] = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos);
+        vals[l] = ggml_mul_mat(ctx, L("v"), p);
+    }
+}
+
 } // namespace
 
 tfm_weaver * tfm_weaver_load(const char * path, int32_t device, int32_t n_threads) {
@@ -1266,16 +1285,12 @@ int32_t tfm_weaver_prefix(tfm_weaver * W, int32_t n_drafts, const float * h_targ
         ggml_set_input(t);
     }
     // prefix rows: the n_drafts target states, then the drafts' drafter states (draft-major)
-    ggml_tensor * t = ggml_mul_mat(ctx, W->get("target_proj.weight"), weaver_norm(ctx, ht, W->get("target_norm.weight"), W->eps));
-    ggml_tensor * d = ggml_mul_mat(ctx, W->get("drafter_proj.weight"), weaver_norm(ctx, hdr, W->get("drafter_norm.weight"), W->eps));
-    ggml_tensor * prefix = ggml_concat(ctx, t, d, 1);                                   // [W, P]
+    std::vector<ggml_tensor *> kp, vp;
+    weaver_prefix_kv(ctx, W, ht, hdr, pos_p, kp, vp);
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
     for (int32_t l = 0; l < W->layers; ++l) {
-        auto L = [&](const char * n) { return W->get("blk." + std::to_string(l) + "." + n + ".weight"); };
-        ggml_tensor * p  = weaver_norm(ctx, prefix, L("prefix_norm"), W->eps);
-        ggml_tensor * kp = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L("k"), p), hd, H, P), pos_p);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, kp, W->pkv.k[l]));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_mul_mat(ctx, L("v"), p), W->pkv.v[l]));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, kp[l], W->pkv.k[l]));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, vp[l], W->pkv.v[l]));
     }
     if (!ggml_gallocr_alloc_graph(W->galloc, gf)) {
         return -2;
@@ -1664,15 +1679,8 @@ tfm_dartree_graph * dartree_graph(tfm_weaver * W, int32_t D, int32_t K, int32_t 
     }
     ggml_cgraph * gf = g->gf = ggml_new_graph_custom(ctx, n_nodes, false);
     // the draft's prefix: keys and values of every layer (tfm_weaver_prefix's rows)
-    ggml_tensor * t = ggml_mul_mat(ctx, W->get("target_proj.weight"), weaver_norm(ctx, g->ht, W->get("target_norm.weight"), W->eps));
-    ggml_tensor * dr = ggml_mul_mat(ctx, W->get("drafter_proj.weight"), weaver_norm(ctx, g->hdr, W->get("drafter_norm.weight"), W->eps));
-    ggml_tensor * prefix = ggml_concat(ctx, t, dr, 1);                                    // [Wd, P]
-    std::vector<ggml_tensor *> keys(W->layers), vals(W->layers);
-    for (int32_t l = 0; l < W->layers; ++l) {
-        ggml_tensor * p = weaver_norm(ctx, prefix, W->get("blk." + std::to_string(l) + ".prefix_norm.weight"), W->eps);
-        keys[l] = weaver_rope(ctx, W, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, W->get("blk." + std::to_string(l) + ".k.weight"), p), hd, H, P), pos_p);
-        vals[l] = ggml_mul_mat(ctx, W->get("blk." + std::to_string(l) + ".v.weight"), p);
-    }
+    std::vector<ggml_tensor *> keys, vals;
+    weaver_prefix_kv(ctx, W, g->ht, g->hdr, pos_p, keys, vals);
     ggml_tensor * x = ggml_get_rows(ctx, W->table, g->root);                               // [Wd, 1]
     ggml_tensor * mask = open0;                                                           // [Tk, R] 0 or -1e30
     // every round's candidates at once: their codes rows and step inputs
