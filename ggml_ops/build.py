@@ -13,6 +13,9 @@ Options come from the environment:
   TFM_CMAKE_ARGS="..."  extra CMake arguments
   TFM_BUILD_JOBS=N      parallel build jobs (default: CPU count)
   TFM_AMX=1             keep ggml's AMX kernels on a CPU that has AMX (default off: see NO_AMX_FLAGS)
+  TFM_CPU_ISA=avx2      build for a narrower instruction set than this CPU's (see CPU_ISAS): the
+                        kernels of an AVX2-only CPU on any x86-64 machine, so a test that only
+                        passes with one CPU's kernels fails here too (``make test-narrow``)
 
 Usage: python ggml_ops/build.py [--python PY] [--force] [--print-key]
 """
@@ -45,6 +48,14 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 # the AVX-512 and repack kernels are used instead. GCC and Clang let an explicit -mno-* win
 # over -march=native whatever the order.
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+# Instruction sets a build can be narrowed to (TFM_CPU_ISA): ggml's own switches with its native
+# detection off. "avx2" is what -march=native gives on an AVX2-only x86-64 server (AMD EPYC Zen 2/3,
+# Intel before Skylake-SP): AVX2, FMA, F16C and BMI2, no AVX-512 and no AVX-VNNI.
+CPU_ISAS = {
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF"],
+}
 
 HERE = Path(__file__).resolve().parent
 PATCH_DIR = HERE / "patches"
@@ -87,6 +98,11 @@ def cmake_args() -> list[str]:
     if os.environ.get("TFM_CUDA", "0") not in ("", "0"):
         archs = os.environ.get("TFM_CUDA_ARCHS", "native")
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+    isa = os.environ.get("TFM_CPU_ISA", "")
+    if isa:
+        if isa not in CPU_ISAS:
+            raise SystemExit(f"[tfm-build] TFM_CPU_ISA={isa!r} is not one of {', '.join(sorted(CPU_ISAS))}")
+        args += CPU_ISAS[isa]
     user = shlex.split(os.environ.get("TFM_CMAKE_ARGS", ""))
     if _cpu_has_amx() and os.environ.get("TFM_AMX", "0") in ("", "0"):
         for var, env in (("CMAKE_C_FLAGS", "CFLAGS"), ("CMAKE_CXX_FLAGS", "CXXFLAGS")):

@@ -529,20 +529,25 @@ SEQ = PROMPT + [5, 9, 13, 200, 17, 3, 8, 44, 91, 2, 160, 73]
 
 
 def test_pytorch_dflash2_matches_the_gguf_in_llama_cpp(tmp_path, lc, ckpt, target):
-    """The trainer's DFlash2 (convolutions and selector) against llama.cpp on the same weights: the
-    same top-1 token at ≥ 99% of block positions, the same best successors, and lattice scores within
-    1e-2 of their largest magnitude (measured 2.5e-3: llama.cpp's product with the target's F16 LM head
-    rounds the hidden state to F16; a DFlash drafter's logits differ by 1.1e-3 alike); with one
-    base-kernel tap changed the scores part by more."""
+    """The trainer's DFlash2 (convolutions and selector) against llama.cpp on the same weights.
+
+    The property is the score bound: lattice scores within 1e-2 of their largest magnitude (measured
+    2.5e-3 on AVX-512 and on AVX2-only kernels: llama.cpp's product with the target's F16 LM head
+    rounds the hidden state to F16; a DFlash drafter's logits differ by 1.1e-3 alike), and with one
+    base-kernel tap changed they part by more than 3e-2. The top-1 tokens and best successors then
+    agree except where two candidates lie within that error of each other: such near-ties flip with
+    the CPU's kernels (89 of 90 lattice rows on an AVX2-only EPYC, 90 of 90 on AVX-512), so their
+    floors (0.95 and 0.9 of 90) only say that agreement is the rule; a lattice of the wrong candidates
+    agrees on about 1/K of them."""
     torch = pytest.importorskip("torch")
     from tfm_local.train.checks import drafter_parity, lattice_parity, load_torch_drafter
 
     out = convert_checkpoint(ckpt, target, tmp_path / "d.gguf", "f32")
     model = load_torch_drafter(ckpt)
     agree, n = drafter_parity(out, model, target, [SEQ], n_points=6, threads=1)
-    assert n == 6 * 15 and agree >= 0.99
+    assert n == 6 * 15 and agree >= 0.95
     rows, err, n = lattice_parity(out, model, target, [SEQ], n_points=6, threads=1)
-    assert n == 6 * 15 and rows >= 0.99 and err < 1e-2
+    assert n == 6 * 15 and rows >= 0.9 and err < 1e-2
     with torch.no_grad():
         model.layers[1].mlp_conv.base_kernel[1, 1] += 0.7
     assert lattice_parity(out, model, target, [SEQ], n_points=3, threads=1)[1] > 3e-2

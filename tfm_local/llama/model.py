@@ -64,6 +64,23 @@ def default_threads() -> int:
     return int(os.environ.get("TFM_THREADS", os.cpu_count() or 1))
 
 
+def repacked_weights() -> bool:
+    """Whether llama.cpp may repack weights for its CPU GEMM kernels (its "extra buffer types":
+    Q4_0/Q4_K/IQ4_NL rearranged for 4- and 8-row products). On by default; ``TFM_NO_REPACK=1`` turns
+    it off, so a batch of any size runs the plain per-row dot products (``make test-narrow``: results
+    must not depend on which kernels a CPU gets)."""
+    return os.environ.get("TFM_NO_REPACK", "0") in ("", "0")
+
+
+def model_params(n_gpu_layers: int = 0):
+    """llama.cpp's default model parameters with ``n_gpu_layers`` and the repacking switch
+    (``repacked_weights``) applied."""
+    params = lc.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    params.use_extra_bufts = repacked_weights()
+    return params
+
+
 def gpu_available() -> bool:
     """True when the loaded llama.cpp has a GPU backend (a CUDA build on a GPU machine)."""
     return bool(lc.llama_supports_gpu_offload())
@@ -140,8 +157,7 @@ class Model:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
-        params = lc.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers if gpu_available() else 0
+        params = model_params(n_gpu_layers if gpu_available() else 0)
         #: whether layers run on a GPU (the numerics of batched passes differ per backend: tfm_local.lossless)
         self.on_gpu = params.n_gpu_layers != 0
         _check_file(self.path)

@@ -285,10 +285,10 @@ def llama_cpp_lib():
 
 def load_model(path: str | Path):
     """Load a GGUF on the CPU; returns the llama_model pointer. Raises RuntimeError when refused."""
+    from ..llama.model import model_params
+
     lc = llama_cpp_lib()
-    params = lc.llama_model_default_params()
-    params.n_gpu_layers = 0
-    model = lc.llama_model_load_from_file(str(path).encode(), params)
+    model = lc.llama_model_load_from_file(str(path).encode(), model_params(0))
     if not model:
         raise RuntimeError(f"llama.cpp could not load {path}")
     return model
