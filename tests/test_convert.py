@@ -447,6 +447,29 @@ def test_refuses_bad_target(tmp_path, capsys, hf_ckpt, target, damage):
     assert {"truncated": "truncated", "garbage": "not a readable GGUF", "missing": "not found"}[damage] in msg
 
 
+def test_refuses_a_target_of_an_unknown_architecture(tmp_path, capsys, hf_ckpt, target):
+    """A target whose general.architecture is one our llama.cpp build cannot read layer inputs from (here
+    "bloom", every key renamed with it, so the file is otherwise whole) converted before: its drafter
+    could never run (Target.set_features refuses it). Now a checkpoint, a drafter GGUF to requantize and
+    a random drafter are refused with one line naming the target."""
+    from tfm_local.files.dflash import FEATURE_ARCHS
+
+    data = target.read_bytes()
+    assert b"bloom" not in data and "bloom" not in FEATURE_ARCHS
+    alien = tmp_path / "alien.gguf"
+    alien.write_bytes(data.replace(b"qwen2", b"bloom"))  # same length: every offset stays right
+    msg = _assert_refused(tmp_path, capsys, hf_ckpt, alien, "alien.gguf", "'bloom'", "qwen2")
+    assert "\n" not in msg and not list((tmp_path / "out").iterdir())
+    drafter = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", "f16")
+    for args in ([str(drafter), "--target", str(alien), "-o", str(tmp_path / "q.gguf"), "--outtype", "q8_0"],
+                 ["--init-random", "--target", str(alien), "-o", str(tmp_path / "r.gguf")]):
+        with pytest.raises(SystemExit) as ex:
+            main(args)
+        err = capsys.readouterr().err
+        assert ex.value.code == 2 and err.count("\n") == 1 and "alien.gguf" in err and "'bloom'" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".gguf") == ["alien.gguf", "d.gguf"]
+
+
 @pytest.mark.parametrize("text,needle", [
     ("{not json", "malformed config.json"),
     (json.dumps({"architectures": ["LlamaForCausalLM"]}), "DFlashDraftModel"),
