@@ -447,6 +447,13 @@ def test_refuses_bad_target(tmp_path, capsys, hf_ckpt, target, damage):
     assert {"truncated": "truncated", "garbage": "not a readable GGUF", "missing": "not found"}[damage] in msg
 
 
+def test_an_output_name_of_255_bytes_converts(tmp_path, hf_ckpt, target):
+    """tfm-convert writes to the longest name the file system takes (its temporary file's name was longer)."""
+    out = tmp_path / ("d" * 250 + ".gguf")
+    assert main([str(hf_ckpt), "--target", str(target), "-o", str(out), "--outtype", "q8_0"]) == 0
+    assert out.stat().st_size > 0 and _files(tmp_path) == [out.name]
+
+
 def test_refuses_a_target_of_an_unknown_architecture(tmp_path, capsys, hf_ckpt, target):
     """A target whose general.architecture is one our llama.cpp build cannot read layer inputs from (here
     "bloom", every key renamed with it, so the file is otherwise whole) converted before: its drafter
