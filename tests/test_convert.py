@@ -501,6 +501,32 @@ def test_refuses_truncated_safetensors(tmp_path, capsys, hf_ckpt, target):
     _assert_refused(tmp_path, capsys, ckpt, target, "truncated")
 
 
+@pytest.mark.parametrize("damage", ["same_range", "shifted_into_the_previous", "past_the_data"])
+def test_refuses_overlapping_or_outside_safetensors_ranges(tmp_path, capsys, hf_ckpt, target, damage):
+    """Two tensors whose data_offsets share bytes (the same range, or one moved 4 bytes into its
+    neighbour; both consistent with their shapes) were read as if whole; a range past the data section
+    was refused already. Each is one error naming the file, and no output is left."""
+    import struct
+
+    ckpt = _copy_ckpt(hf_ckpt, tmp_path / "ck")
+    st = (ckpt / "model.safetensors").read_bytes()
+    n = struct.unpack_from("<Q", st, 0)[0]
+    header = json.loads(st[8:8 + n])
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    a, b = next((x, y) for x, y in zip(names, names[1:]) if header[x]["shape"] == header[y]["shape"])
+    if damage == "same_range":
+        header[b]["data_offsets"] = list(header[a]["data_offsets"])
+    elif damage == "shifted_into_the_previous":
+        header[b]["data_offsets"] = [o - 4 for o in header[b]["data_offsets"]]
+    else:
+        size = len(st) - 8 - n
+        header[b]["data_offsets"] = [o + size for o in header[b]["data_offsets"]]
+    text = json.dumps(header).encode()
+    (ckpt / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + st[8 + n:])
+    needles = ("model.safetensors",) + ((a, b, "overlap") if damage != "past_the_data" else (b,))
+    _assert_refused(tmp_path, capsys, ckpt, target, *needles)
+
+
 def test_failed_write_leaves_no_file_and_keeps_old_output(tmp_path, hf_ckpt, target):
     class Exploding:
         shape = (64,)
