@@ -25,7 +25,8 @@ def test_state_problems_sees_a_cache_out_of_step(tiny_pair):
 
 def test_state_problems_sees_a_hole_mid_sequence(tiny_pair):
     """Positions missing in the middle of a cache (its last position and length in tokens unchanged) are
-    a problem in the target's and in the drafter's cache; pos_max alone did not show them."""
+    a problem in the target's and in the drafter's cache; pos_max alone did not show them. So is a
+    drafter cache emptied behind its counters (only rows past its injected ones were looked for)."""
     import llama_cpp as lc
 
     from tfm_local.decode.sampling import SamplingParams
@@ -36,13 +37,16 @@ def test_state_problems_sees_a_hole_mid_sequence(tiny_pair):
         list(e.generate_ids(e.prompt_tokens("hello there"), 20, SamplingParams()))
         assert e.state_problems() == [] and e.target.n_past > 12 and e.drafter.ctx.pos_max() > 8
         lc.llama_memory_seq_rm(e.drafter.ctx.mem, 0, 3, 5)  # drafter rows 3 and 4
-        assert [p for p in e.state_problems()] == [
+        assert e.state_problems() == [
             f"drafter: cache holds {e.drafter.ctx.pos_max() - 1} cells for positions 0 .. "
             f"{e.drafter.ctx.pos_max()}: 2 missing (a hole mid-sequence)"]
         last = e.target.n_past - 1
         lc.llama_memory_seq_rm(e.target.ctx.mem, 0, 5, 8)  # target positions 5, 6 and 7
         assert e.target.ctx.pos_max() == last
         assert any(p.startswith("target:") and "3 missing" in p for p in e.state_problems())
+        d_end = e.drafter._d_end
+        e.drafter.ctx.clear()  # the drafter's cache emptied behind its counters
+        assert f"drafter: cache holds positions up to -1, short of its {d_end} injected rows" in e.state_problems()
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen35"])
