@@ -97,7 +97,8 @@ def read_target_info(path: str | os.PathLike) -> TargetInfo:
     arch = _required(kv, "general.architecture", path)
     if not isinstance(arch, str) or arch not in FEATURE_ARCHS:
         raise ConvertError(f"target {path.name}: architecture {arch!r} is not one a DFlash drafter can run "
-                           f"against (its layer inputs cannot be read); supported: {', '.join(sorted(FEATURE_ARCHS))}")
+                           "against (its layer inputs cannot be read); supported: "
+                           + ", ".join(sorted(FEATURE_ARCHS)))
     if "tokenizer.ggml.tokens" not in kv:
         raise ConvertError(f"target {path.name} has no vocabulary (tokenizer.ggml.tokens)")
     n_vocab = len(kv["tokenizer.ggml.tokens"].value)
