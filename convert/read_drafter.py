@@ -19,6 +19,7 @@ from tfm_local.files.gguf_meta import dequantize_tensor, read_gguf_meta
 
 from .errors import ConvertError, convert_errors
 from .target_info import MASK_TOKEN_KEY
+from .validate import check_config
 from .writer import ARCH, DFLASH2_KEYS
 
 #: GGUF names of the target's embedding and LM head, which some drafter files carry: skipped.
@@ -57,11 +58,20 @@ def _config(kv: dict, path: Path, vocab_size: int | None, num_target_layers: int
     n_vocab = len(tokens) if tokens is not None else vocab_size
     if n_vocab is None:
         raise ConvertError(f"{path} carries no vocabulary: give the target's vocabulary size")
+    try:
+        return _config_of(kv, req, n_vocab, num_target_layers)
+    except (TypeError, ValueError, OverflowError) as e:  # a value of another type (a damaged file)
+        raise ConvertError(f"{path}: malformed dflash metadata ({e})") from None
+
+
+def _config_of(kv: dict, req, n_vocab: int, num_target_layers: int) -> DFlashConfig:
+    """The DFlashConfig of the ``dflash.*`` values (``req``: a required key's value); TypeError /
+    ValueError / OverflowError for a value that is no number."""
     hidden, heads = int(req(f"{ARCH}.embedding_length")), int(req(f"{ARCH}.attention.head_count"))
     return DFlashConfig(
         hidden_size=hidden, num_hidden_layers=int(req(f"{ARCH}.block_count")),
         num_attention_heads=heads, num_key_value_heads=int(kv.get(f"{ARCH}.attention.head_count_kv", heads)),
-        head_dim=int(kv.get(f"{ARCH}.attention.key_length", hidden // heads)),
+        head_dim=int(kv.get(f"{ARCH}.attention.key_length", hidden // heads if heads > 0 else 0)),
         intermediate_size=int(req(f"{ARCH}.feed_forward_length")), vocab_size=int(n_vocab),
         rms_norm_eps=float(req(f"{ARCH}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(kv.get(f"{ARCH}.rope.freq_base", 10000.0)),
@@ -87,14 +97,18 @@ def read_drafter_gguf(path: str | os.PathLike, vocab_size: int | None = None,
         ``(config, weights)`` (DFlash or DFlash2): weights maps every HF name of ``dflash.expected_shapes``
         to a float32 array of that shape (numpy order).
     Raises:
-        ConvertError: unreadable or truncated file, another architecture, a missing
-            key or tensor, a tensor of the wrong shape or type, an unknown tensor
-            (``token_embd`` / ``output`` copies of the target's are skipped), or no
-            vocabulary size.
+        ConvertError: unreadable or truncated file, another architecture, a missing or malformed
+            key, an invalid geometry (``validate.check_config``), a missing tensor, a tensor of the
+            wrong shape or type, an unknown tensor (``token_embd`` / ``output`` copies of the
+            target's are skipped), or no vocabulary size.
     """
     path = Path(path)
     meta = read_gguf_meta(path)
     config = _config({k: v.value for k, v in meta.kv.items()}, path, vocab_size, num_target_layers)
+    try:  # before the shapes: zero heads or groups divide by zero, 2**31 layers take for ever (fuzzing)
+        check_config(config)
+    except ConvertError as e:
+        raise ConvertError(f"{path}: {e}") from None
     shapes = expected_shapes(config.dims)
     entries = {}
     for e in meta.tensors:

@@ -39,6 +39,11 @@ class LazyTensor:
     shape: tuple[int, ...]
     offset: int
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its data in ``file``."""
+        return _ITEMSIZE[self.dtype] * math.prod(self.shape)
+
     def load(self) -> np.ndarray:
         """The tensor as a float32 array of ``shape`` (BF16/F16 widened exactly)."""
         count = int(np.prod(self.shape, dtype=np.int64))
@@ -60,8 +65,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
         dict name → LazyTensor.
 
     Raises:
-        ConvertError: unreadable, truncated or malformed file, or a dtype
-            other than F32/F16/BF16.
+        ConvertError: unreadable, truncated or malformed file, a tensor's data outside the data
+            section or overlapping another's, or a dtype other than F32/F16/BF16.
     """
     path = Path(path)
     if path.exists() and not path.is_file():  # a FIFO or a device would block the read for ever
@@ -83,7 +88,18 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
         if name == "__metadata__":
             continue
         out[name] = _lazy(path, name, meta, base, size)
+    _refuse_overlaps(path, out, base)
     return out
+
+
+def _refuse_overlaps(path: Path, tensors: dict[str, LazyTensor], base: int) -> None:
+    """ConvertError when two tensors' data ranges share a byte (a damaged or forged header: each tensor
+    owns its bytes; ``_lazy`` keeps every range inside the data section)."""
+    spans = sorted((t.offset - base, t.offset - base + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise ConvertError(f"{path}: the data of tensors {n0!r} and {n1!r} overlap (data_offsets "
+                               f"[{b0}, {e0}] and [{b1}, {e1}]): a damaged header")
 
 
 def _lazy(path: Path, name: str, meta: dict, base: int, size: int) -> LazyTensor:

@@ -16,6 +16,7 @@ import numpy as np
 
 import gguf
 
+from tfm_local.files.dflash import FEATURE_ARCHS
 from tfm_local.files.gguf_meta import GGUFError, GGUFKeyValue, read_gguf_meta
 
 from .errors import ConvertError
@@ -83,8 +84,8 @@ def read_target_info(path: str | os.PathLike) -> TargetInfo:
         TargetInfo.
 
     Raises:
-        ConvertError: the file is missing, not a GGUF, truncated or corrupt,
-            or lacks the architecture, width, depth or vocabulary keys.
+        ConvertError: the file is missing, not a GGUF, truncated or corrupt, of an architecture
+            outside ``FEATURE_ARCHS``, or lacks the width, depth or vocabulary keys.
     """
     path = Path(path)
     if not path.is_file():
@@ -94,6 +95,10 @@ def read_target_info(path: str | os.PathLike) -> TargetInfo:
     except GGUFError as e:
         raise ConvertError(f"target {e}") from None
     arch = _required(kv, "general.architecture", path)
+    if not isinstance(arch, str) or arch not in FEATURE_ARCHS:
+        raise ConvertError(f"target {path.name}: architecture {arch!r} is not one a DFlash drafter can run "
+                           "against (its layer inputs cannot be read); supported: "
+                           + ", ".join(sorted(FEATURE_ARCHS)))
     if "tokenizer.ggml.tokens" not in kv:
         raise ConvertError(f"target {path.name} has no vocabulary (tokenizer.ggml.tokens)")
     n_vocab = len(kv["tokenizer.ggml.tokens"].value)

@@ -88,7 +88,7 @@ def write_drafter_gguf(out: str | os.PathLike, config: DFlashConfig, tensors: Ma
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             for n, _, qt in plan:
-                w.write_tensor_data(encode(_fits(_load(tensors[n]), qt, n), qt))
+                w.write_tensor_data(encode(_fits(_load(tensors[n], n), qt, _where(tensors[n], n)), qt))
         finally:
             w.close()
     return out
@@ -144,25 +144,31 @@ def _note_fallbacks(plan, outtype: str, tensor_types) -> None:
 F16_MAX = 65504.0
 
 
-def _fits(a: np.ndarray, qt: QT, name: str) -> np.ndarray:
+def _where(t: Any, name: str) -> str:
+    """How an error names tensor ``name`` of ``t``: with its file when it comes from one (a LazyTensor:
+    found by fuzzing, a message that named the tensor only)."""
+    return f"{t.file}: tensor {t.name!r}" if hasattr(t, "file") else f"tensor {name!r}"
+
+
+def _fits(a: np.ndarray, qt: QT, where: str) -> np.ndarray:
     """``a`` when its values survive type ``qt``; ConvertError when a value beyond the float16 range
-    would become infinite in an F16 tensor or a block type's float16 scale (F32 and BF16 hold them)."""
+    would become infinite in an F16 tensor or a block type's float16 scale (F32 and BF16 hold them).
+    ``where`` names the tensor (``_where``)."""
     if qt in (QT.F32, QT.BF16) or not a.size:
         return a
     largest = float(np.max(np.abs(a)))
     if largest >= F16_MAX:
-        raise ConvertError(f"tensor {name!r} holds values beyond the float16 range (±{F16_MAX:g}, largest "
+        raise ConvertError(f"{where} holds values beyond the float16 range (±{F16_MAX:g}, largest "
                            f"{largest:.3g}), which its type {qt.name} cannot store: "
                            "convert it with --outtype f32 or bf16, or check the checkpoint")
     return a
 
 
-def _load(t: Any) -> np.ndarray:
+def _load(t: Any, name: str) -> np.ndarray:
     """float32 data of a LazyTensor-like object or an array; ConvertError when any value is not finite
     (damaged weights: a drafter of NaNs drafts nothing, and quantizing them hides where they came from)."""
     a = t.load() if hasattr(t, "load") else np.asarray(t, dtype=np.float32)
     bad = a.size - int(np.count_nonzero(np.isfinite(a)))
     if bad:
-        where = f"{t.file}: tensor {t.name!r}" if hasattr(t, "file") else "a tensor"
-        raise ConvertError(f"{where} holds {bad} values that are not finite (NaN or infinity)")
+        raise ConvertError(f"{_where(t, name)} holds {bad} values that are not finite (NaN or infinity)")
     return a

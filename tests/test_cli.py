@@ -287,6 +287,34 @@ def test_write_json_is_atomic(tmp_path):
     assert json.loads(out.read_text()) == {"b": [1, 2]}
 
 
+@pytest.mark.parametrize("name", ["a" * 250 + ".json", "\u00e9" * 125 + ".json"])
+def test_a_name_of_255_bytes_is_written_atomically(tmp_path, name):
+    """The longest name a file system takes (255 bytes, here in ASCII and in two-byte UTF-8) is written:
+    the temporary file beside it has a short name of its own (it was ``.NAME.PID.tmp``, 8 bytes or more
+    past the limit: ENAMETOOLONG). Two writes of one path at once get two temporary files; a failed
+    write leaves none."""
+    import os
+
+    from tfm_local.files.atomic import atomic_output, write_json, write_text
+
+    assert len(name.encode()) == 255
+    out = tmp_path / name
+    write_json(out, {"a": 1})
+    assert json.loads(out.read_text()) == {"a": 1}
+    write_text(out, "x\n", mode=0o600)
+    assert out.read_text() == "x\n" and out.stat().st_mode & 0o777 == 0o600
+    with atomic_output(out) as t1, atomic_output(out) as t2:
+        assert t1 != t2 and t1.parent == t2.parent == tmp_path and t1.name.startswith(".")
+        assert len(t1.name.encode()) <= 64 and len(t2.name) == len(t1.name)
+        t1.write_text("one")
+        t2.write_text("two")
+    assert out.read_text() == "one"  # the outer body returned last
+    with pytest.raises(ValueError), atomic_output(out) as t:
+        t.write_text("half")
+        raise ValueError("stopped")
+    assert out.read_text() == "one" and os.listdir(tmp_path) == [name]
+
+
 def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
     """tfm-bench-replay on tfm-bench's own JSON, same drafter: the chain's steps and tokens of the run;
     a missing file or set is a clear error."""

@@ -447,6 +447,36 @@ def test_refuses_bad_target(tmp_path, capsys, hf_ckpt, target, damage):
     assert {"truncated": "truncated", "garbage": "not a readable GGUF", "missing": "not found"}[damage] in msg
 
 
+def test_an_output_name_of_255_bytes_converts(tmp_path, hf_ckpt, target):
+    """tfm-convert writes to the longest name the file system takes (its temporary file's name was longer)."""
+    out = tmp_path / ("d" * 250 + ".gguf")
+    assert main([str(hf_ckpt), "--target", str(target), "-o", str(out), "--outtype", "q8_0"]) == 0
+    assert out.stat().st_size > 0 and _files(tmp_path) == [out.name]
+
+
+def test_refuses_a_target_of_an_unknown_architecture(tmp_path, capsys, hf_ckpt, target):
+    """A target whose general.architecture is one our llama.cpp build cannot read layer inputs from (here
+    "bloom", every key renamed with it, so the file is otherwise whole) converted before: its drafter
+    could never run (Target.set_features refuses it). Now a checkpoint, a drafter GGUF to requantize and
+    a random drafter are refused with one line naming the target."""
+    from tfm_local.files.dflash import FEATURE_ARCHS
+
+    data = target.read_bytes()
+    assert b"bloom" not in data and "bloom" not in FEATURE_ARCHS
+    alien = tmp_path / "alien.gguf"
+    alien.write_bytes(data.replace(b"qwen2", b"bloom"))  # same length: every offset stays right
+    msg = _assert_refused(tmp_path, capsys, hf_ckpt, alien, "alien.gguf", "'bloom'", "qwen2")
+    assert "\n" not in msg and not list((tmp_path / "out").iterdir())
+    drafter = convert_checkpoint(hf_ckpt, target, tmp_path / "d.gguf", "f16")
+    for args in ([str(drafter), "--target", str(alien), "-o", str(tmp_path / "q.gguf"), "--outtype", "q8_0"],
+                 ["--init-random", "--target", str(alien), "-o", str(tmp_path / "r.gguf")]):
+        with pytest.raises(SystemExit) as ex:
+            main(args)
+        err = capsys.readouterr().err
+        assert ex.value.code == 2 and err.count("\n") == 1 and "alien.gguf" in err and "'bloom'" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".gguf") == ["alien.gguf", "d.gguf"]
+
+
 @pytest.mark.parametrize("text,needle", [
     ("{not json", "malformed config.json"),
     (json.dumps({"architectures": ["LlamaForCausalLM"]}), "DFlashDraftModel"),
@@ -469,6 +499,32 @@ def test_refuses_truncated_safetensors(tmp_path, capsys, hf_ckpt, target):
     blob = (ckpt / "model.safetensors").read_bytes()
     (ckpt / "model.safetensors").write_bytes(blob[:-100])
     _assert_refused(tmp_path, capsys, ckpt, target, "truncated")
+
+
+@pytest.mark.parametrize("damage", ["same_range", "shifted_into_the_previous", "past_the_data"])
+def test_refuses_overlapping_or_outside_safetensors_ranges(tmp_path, capsys, hf_ckpt, target, damage):
+    """Two tensors whose data_offsets share bytes (the same range, or one moved 4 bytes into its
+    neighbour; both consistent with their shapes) were read as if whole; a range past the data section
+    was refused already. Each is one error naming the file, and no output is left."""
+    import struct
+
+    ckpt = _copy_ckpt(hf_ckpt, tmp_path / "ck")
+    st = (ckpt / "model.safetensors").read_bytes()
+    n = struct.unpack_from("<Q", st, 0)[0]
+    header = json.loads(st[8:8 + n])
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    a, b = next((x, y) for x, y in zip(names, names[1:]) if header[x]["shape"] == header[y]["shape"])
+    if damage == "same_range":
+        header[b]["data_offsets"] = list(header[a]["data_offsets"])
+    elif damage == "shifted_into_the_previous":
+        header[b]["data_offsets"] = [o - 4 for o in header[b]["data_offsets"]]
+    else:
+        size = len(st) - 8 - n
+        header[b]["data_offsets"] = [o + size for o in header[b]["data_offsets"]]
+    text = json.dumps(header).encode()
+    (ckpt / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + st[8 + n:])
+    needles = ("model.safetensors",) + ((a, b, "overlap") if damage != "past_the_data" else (b,))
+    _assert_refused(tmp_path, capsys, ckpt, target, *needles)
 
 
 def test_failed_write_leaves_no_file_and_keeps_old_output(tmp_path, hf_ckpt, target):

@@ -6,7 +6,9 @@ with a good target), the metadata reader the converter and the trainer use, and 
 (``config.json`` + ``model.safetensors``) into ``tfm-convert``'s conversion, which must also leave no
 file behind when it fails. The damage covers truncation, flipped bytes in header and data, wrong counts,
 lengths, types, dimensions and offsets, duplicated or missing keys and tensors, and odd config values.
-Fixed seeds; at least 1,000 files a run.
+DFlash2 drafters and checkpoints are fuzzed as the DFlash ones, and drafter GGUFs also go through
+``tfm-convert``'s requantize path (a failure leaves no file either). Fixed seeds; ``FILES_PER_RUN``
+files a run (2,500).
 """
 from __future__ import annotations
 
@@ -18,9 +20,25 @@ import pytest
 from tfm_local.files.gguf_meta import GGUFError
 from tfm_local.testing.fuzz import MUTATIONS, gguf_layout, mutate_gguf, run
 
-#: (kind, model, mutants, seed); about 1,100 files and ~6 minutes on the 2-core CPU
+#: (kind, model, mutants, seed): DFlash and DFlash2 drafters (GGUF, loaded by the engine and requantized)
+#: and z-lab checkpoints of both; ~7 minutes on the 2-core CPU, nearly all of it the 850 files loaded by
+#: llama.cpp (~0.4 s each: a process's model load and a short generation); the converter's take ~10 ms
 PLAN = [("meta", "target", 350, 11), ("target", "target", 350, 12), ("target", "qwen35", 150, 13),
-        ("target", "gemma3", 100, 14), ("drafter", "drafter", 200, 15), ("zlab", "checkpoint", 400, 16)]
+        ("target", "gemma3", 100, 14), ("drafter", "drafter", 150, 15), ("drafter", "drafter2", 100, 17),
+        ("zlab", "checkpoint", 400, 16), ("zlab", "checkpoint2", 300, 18),
+        ("requantize", "drafter", 300, 19), ("requantize", "drafter2", 300, 20)]
+
+#: files fuzzed per CI run (2,500; the bar: at least 1,750, and 200 DFlash2 checkpoints and 200 requantize
+#: inputs: ``test_the_plan_fuzzes_enough_files``)
+FILES_PER_RUN = sum(n for _, _, n, _ in PLAN)
+
+
+def test_the_plan_fuzzes_enough_files():
+    assert FILES_PER_RUN >= 1750
+    assert sum(n for k, m, n, _ in PLAN if k == "zlab" and m == "checkpoint2") >= 200
+    assert sum(n for k, m, n, _ in PLAN if k == "drafter" and m == "drafter2") >= 100
+    assert sum(n for k, _, n, _ in PLAN if k == "requantize") >= 200
+    assert len({seed for *_, seed in PLAN}) == len(PLAN)  # each part its own mutants
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +50,10 @@ def files(tmp_path_factory):
     out = {"target": write_tiny_target(d / "target.gguf", n_layer=2),
            "qwen35": write_tiny_target(d / "qwen35.gguf", arch="qwen35"),
            "gemma3": write_tiny_target(d / "gemma3.gguf", arch="gemma3")}
-    out["drafter"] = init_random(out["target"], d / "drafter.gguf", layers=1, seed=4)[0]
-    out["checkpoint"] = init_random(out["target"], hf_out=d / "checkpoint", layers=1, seed=4)[1]
+    out["drafter"], out["checkpoint"] = init_random(out["target"], d / "drafter.gguf", hf_out=d / "checkpoint",
+                                                    layers=1, seed=4)
+    out["drafter2"], out["checkpoint2"] = init_random(out["target"], d / "drafter2.gguf", hf_out=d / "checkpoint2",
+                                                      layers=1, seed=4, dflash2=True)
     return out
 
 
@@ -117,7 +137,7 @@ def test_damaged_files_end_in_clear_errors(files, tmp_path):
         rep = run(kind, files[model], n, seed, tmp_path, extra=str(files["target"]), timeout=60)
         total += rep["files"]
         report.append((kind, model, rep["counts"], rep["bad"][:3]))
-    assert total >= 1000
+    assert total == FILES_PER_RUN  # no run stopped early
     bad = [r for r in report if r[3]]
     assert not bad, bad  # no crash, hang, unclear error or partial output
     assert all(r[2].get("error", 0) > 0.5 * sum(r[2].values()) for r in report if r[0] != "meta"), report
@@ -173,6 +193,61 @@ def test_damaged_checkpoint_weights_found_by_fuzzing_are_clear(files, tmp_path):
             convert_checkpoint(ck, files["target"], ck / "out.gguf")
         assert "model.safetensors" in str(e.value) and not (ck / "out.gguf").exists()
         assert json.loads((ck / "config.json").read_text())  # the input is untouched
+
+
+@pytest.mark.parametrize("model,key,value", [
+    ("drafter", "dflash.attention.head_count", 0),       # ZeroDivisionError
+    ("drafter", "dflash.block_count", 1 << 31),          # the shapes of 2**31 layers: a hang
+    ("drafter2", "dflash.conv_group_size", 0),           # ZeroDivisionError
+    ("drafter2", "dflash.conv_group_size", None),        # the key missing: 0, ZeroDivisionError
+])
+def test_damaged_drafters_found_by_fuzzing_the_requantize_path_are_clear(files, tmp_path, model, key, value):
+    """Found by fuzzing the requantize path (a drafter GGUF written again by tfm-convert): each of these
+    raised an internal error or ran for ever; now one line naming the file, and no output."""
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.pipeline import convert_checkpoint
+    from tfm_local.testing.fuzz import _rebuilt
+
+    buf = files[model].read_bytes()
+    lay = gguf_layout(buf)
+    f = next(k for k in lay.kvs if k.name == key)
+    if value is None:
+        header = buf[24:f.start] + buf[f.end:lay.header_end]
+        buf = _rebuilt(buf, lay, header, len(lay.kvs) - 1, len(lay.tensors))
+    else:
+        buf = bytearray(buf)
+        struct.pack_into("<I", buf, f.parts["value"], value)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(buf))
+    with pytest.raises(ConvertError, match="invalid drafter config") as e:
+        convert_checkpoint(bad, files["target"], tmp_path / "out.gguf", "q8_0")
+    assert "bad.gguf" in str(e.value) and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_weights_beyond_float16_name_the_checkpoint_file(files, tmp_path):
+    """Found by fuzzing: flipped weight bytes beyond the float16 range, converted to Q8_0, were refused by
+    a message that named the tensor but not the file it came from."""
+    import shutil
+
+    from tfm_convert.errors import ConvertError
+    from tfm_convert.pipeline import convert_checkpoint
+    from tfm_local.testing.fuzz import _safetensors, _safetensors_parts
+
+    ck = tmp_path / "ck"
+    shutil.copytree(files["checkpoint2"], ck)
+    st = (ck / "model.safetensors").read_bytes()
+    n, header = _safetensors_parts(st)
+    data = bytearray(st[8 + n:])
+    name = next(k for k in header if k.endswith("mlp.up_proj.weight"))
+    b0 = header[name]["data_offsets"][0]
+    assert header[name]["dtype"] == "F32"
+    data[b0:b0 + 4] = np.float32(7e4).tobytes()
+    (ck / "model.safetensors").write_bytes(_safetensors(header, bytes(data)))
+    with pytest.raises(ConvertError, match="float16 range") as e:
+        convert_checkpoint(ck, files["target"], ck / "out.gguf", "q8_0")
+    assert str(ck / "model.safetensors") in str(e.value) and name in str(e.value)
+    assert sorted(p.name for p in ck.iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_review_findings_on_damaged_inputs_are_clear(files, tmp_path):

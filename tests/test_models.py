@@ -200,6 +200,24 @@ def test_builtin_assembled_verified_and_recorded(fake_builtin, cache):
     assert not list(cache.glob("*.tmp"))
 
 
+def test_a_killed_assembly_leaves_a_temp_file_that_the_next_one_removes(fake_builtin, cache):
+    """The temporary file of an assembly killed midway (its short name is derived from the model's file
+    name, ``atomic.stale_temps``) is removed by the next one; another file's temporary file is kept."""
+    from tfm_local.files.atomic import atomic_output, stale_temps
+
+    cache.mkdir(parents=True)
+    with pytest.raises(KeyboardInterrupt), atomic_output(cache / "fake.gguf") as t, \
+            atomic_output(cache / "other.gguf") as o:
+        left, other = t.name, o.name
+        raise KeyboardInterrupt
+    (cache / left).write_bytes(b"half")  # what a killed writer leaves
+    (cache / other).write_bytes(b"busy")
+    assert stale_temps(cache / "fake.gguf") == [cache / left]
+    model, payload = fake_builtin
+    assert resolve_model(FAKE, progress=False).read_bytes() == payload
+    assert sorted(p.name for p in cache.glob("*.tmp")) == [other]
+
+
 def test_builtin_names_are_case_insensitive(fake_builtin):
     assert resolve_model(FAKE.upper(), progress=False).name == "fake.gguf"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_state_problems_sees_a_cache_out_of_step(tiny_pair):
     from tfm_local.decode.sampling import SamplingParams
@@ -19,6 +21,52 @@ def test_state_problems_sees_a_cache_out_of_step(tiny_pair):
         e.target.ctx.clear()
         e.target.n_past = 0
         assert any("drafter" in p for p in e.state_problems())  # its rows now run past the target's
+
+
+def test_state_problems_sees_a_hole_mid_sequence(tiny_pair):
+    """Positions missing in the middle of a cache (its last position and length in tokens unchanged) are
+    a problem in the target's and in the drafter's cache; pos_max alone did not show them. So is a
+    drafter cache emptied behind its counters (only rows past its injected ones were looked for)."""
+    import llama_cpp as lc
+
+    from tfm_local.decode.sampling import SamplingParams
+    from tfm_local.engine import Engine
+
+    target, drafter = tiny_pair
+    with Engine(target, drafter, n_ctx=256, budget=4) as e:
+        list(e.generate_ids(e.prompt_tokens("hello there"), 20, SamplingParams()))
+        assert e.state_problems() == [] and e.target.n_past > 12 and e.drafter.ctx.pos_max() > 8
+        lc.llama_memory_seq_rm(e.drafter.ctx.mem, 0, 3, 5)  # drafter rows 3 and 4
+        assert e.state_problems() == [
+            f"drafter: cache holds {e.drafter.ctx.pos_max() - 1} cells for positions 0 .. "
+            f"{e.drafter.ctx.pos_max()}: 2 missing (a hole mid-sequence)"]
+        last = e.target.n_past - 1
+        lc.llama_memory_seq_rm(e.target.ctx.mem, 0, 5, 8)  # target positions 5, 6 and 7
+        assert e.target.ctx.pos_max() == last
+        assert any(p.startswith("target:") and "3 missing" in p for p in e.state_problems())
+        d_end = e.drafter._d_end
+        e.drafter.ctx.clear()  # the drafter's cache emptied behind its counters
+        assert f"drafter: cache holds positions up to -1, short of its {d_end} injected rows" in e.state_problems()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen35"])
+def test_a_hole_shows_in_a_sliding_window_or_hybrid_cache(tmp_path, arch):
+    """The cell count comes from the full-attention cache of an iSWA memory (gemma3, a 4-token window
+    here) and from the attention part of a hybrid one (qwen35): a whole cache reads clean, a hole does not."""
+    import llama_cpp as lc
+
+    from tfm_local.decode.verify import Target
+    from tfm_local.testing.synth import write_tiny_target
+
+    t = Target(write_tiny_target(tmp_path / f"{arch}.gguf", arch=arch), n_ctx=64, n_threads=1, n_gpu_layers=0)
+    try:
+        t.prefill(list(range(1, 21)))
+        assert t.ctx.pos_max() == 19 and t.ctx.n_cells() == 20 and t.ctx.hole_problems("target") == []
+        lc.llama_memory_seq_rm(t.ctx.mem, 0, 9, 10)
+        assert t.ctx.hole_problems("target") == [
+            "target: cache holds 19 cells for positions 0 .. 19: 1 missing (a hole mid-sequence)"]
+    finally:
+        t.close()
 
 
 def test_a_short_soak_keeps_caches_consistent_and_memory_flat(tiny_pair, tmp_path):

@@ -442,13 +442,16 @@ class Engine:
 
     def state_problems(self) -> list[str]:
         """What is inconsistent between the engine's caches after a generation ([] when nothing): the
-        target's KV cache must hold exactly its committed positions 0 .. n_past - 1, and the drafter's
-        rows must not run past them (``DFlashDrafter.state_problems``). For soak tests and debugging."""
+        target's KV cache must hold exactly its committed positions 0 .. n_past - 1, each once (no hole
+        mid-sequence: ``Context.hole_problems``), and the drafter's rows must not run past them and leave
+        no hole either (``DFlashDrafter.state_problems``). For soak tests and debugging: it copies the
+        caches' state to the host."""
         if self.target is None:
             raise RuntimeError("this Engine is closed")
         tgt, out = self.target, []
         if tgt.ctx.pos_max() != tgt.n_past - 1:
             out.append(f"target: cache holds positions up to {tgt.ctx.pos_max()}, {tgt.n_past} committed")
+        out += tgt.ctx.hole_problems("target")
         if self.drafter is not None:
             out += self.drafter.state_problems(tgt.n_past)
         return out

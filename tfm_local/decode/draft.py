@@ -172,7 +172,8 @@ class DFlashDrafter:
     def state_problems(self, n_committed: int) -> list[str]:
         """What is inconsistent in the drafter's cache against a target holding ``n_committed`` tokens
         ([] when nothing): injected or queued rows past the committed ones, cache rows past the injected
-        rows and one noise block."""
+        rows and one noise block or short of the injected rows, a position missing below the last (the
+        holes of skipped rows are closed up, see the module doc: the drafter's positions are consecutive)."""
         out = []
         if self._n_injected + self.pending > n_committed + 1:
             out.append(f"drafter: {self._n_injected} injected + {self.pending} queued rows, the target "
@@ -180,7 +181,10 @@ class DFlashDrafter:
         if self.ctx.pos_max() >= self._d_end + self.block_size:
             out.append(f"drafter: cache holds positions up to {self.ctx.pos_max()}, injected rows end "
                        f"at {self._d_end} (block {self.block_size})")
-        return out
+        elif self.ctx.pos_max() < self._d_end - 1:
+            out.append(f"drafter: cache holds positions up to {self.ctx.pos_max()}, short of its "
+                       f"{self._d_end} injected rows")
+        return out + self.ctx.hole_problems("drafter")
 
     def _rewind(self, pos: int) -> None:
         if pos < self._n_injected:

@@ -18,15 +18,10 @@ from typing import Callable
 
 import numpy as np
 
+from ..files.dflash import FEATURE_ARCHS
 from ..llama import native
 from ..llama.model import Context, LlamaError, Model, gguf_architecture
 from ..llama.tokenizer import Tokenizer
-
-
-# Architectures whose llama.cpp graph exposes layer inputs (``res->t_layer_inp``) in our
-# build: upstream's models plus qwen2 and gemma3 (patch 0002). Others would abort in C.
-FEATURE_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe",
-                           "gemma3", "gemma4", "lfm2", "gpt-oss", "nemotron_h", "minimax-m2"})
 
 
 # Gated-DeltaNet hybrids: their recurrent state cannot be cut back to a position, so a draft is

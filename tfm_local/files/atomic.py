@@ -1,8 +1,11 @@
 """Files that appear only when complete, and the SHA-256 of a file: the one helper for the package,
 the converter and the trainer.
 
-``atomic_output(path)`` yields a temporary path beside ``path`` (``.NAME.PID.tmp``, same folder, so
-the same file system); the caller writes it however it likes; when the ``with`` body returns, the
+``atomic_output(path)`` yields a temporary path beside ``path`` (same folder, so the same file system)
+with a short hidden name of its own, ``.H.PID.R.tmp`` (H: 16 hex digits of the SHA-256 of ``path``'s
+name, so ``stale_temps`` finds what a killed writer left; R: 8 random hex digits, so two writes of one
+path never share a file): under 50 bytes whatever ``path``'s name, so any name the file system takes
+(255 bytes) can be written; the caller writes it however it likes; when the ``with`` body returns, the
 file is renamed onto ``path`` with ``os.replace`` (atomic on POSIX and Windows). When the body
 raises (an exception, KeyboardInterrupt), the temporary file is removed, the exception propagates
 and an existing ``path`` is left as it was. ``write_json`` / ``write_text`` are the
@@ -21,11 +24,12 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OutputPathError", "atomic_output", "write_json", "write_text", "sha256_file"]
+__all__ = ["OutputPathError", "atomic_output", "stale_temps", "write_json", "write_text", "sha256_file"]
 
 
 class OutputPathError(OSError):
@@ -52,7 +56,7 @@ def atomic_output(path: str | os.PathLike, mode: int | None = None) -> Iterator[
         raise OutputPathError(f"output {dest} exists and is not a regular file (a folder, device or pipe)")
     if not dest.parent.is_dir():
         raise OutputPathError(f"output folder {dest.parent} does not exist")
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp = dest.with_name(f"{_temp_prefix(dest)}{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         yield tmp
         if mode is not None:
@@ -61,6 +65,18 @@ def atomic_output(path: str | os.PathLike, mode: int | None = None) -> Iterator[
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _temp_prefix(dest: Path) -> str:
+    """``.H.``: the start of every temporary name of ``dest`` (module doc)."""
+    return "." + hashlib.sha256(os.fsencode(dest.name)).hexdigest()[:16] + "."
+
+
+def stale_temps(path: str | os.PathLike) -> list[Path]:
+    """The temporary files of ``path`` in its folder (left by writers that were killed, or still being
+    written: the caller knows which, e.g. under a lock)."""
+    dest = Path(path)
+    return sorted(dest.parent.glob(f"{_temp_prefix(dest)}*.tmp"))
 
 
 def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:

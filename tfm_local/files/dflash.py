@@ -34,6 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: Target architectures a DFlash drafter can run against: those whose llama.cpp graph exposes its layer
+#: inputs in our build (upstream's models plus qwen2 and gemma3, patch 0002); another target's features
+#: cannot be read (llama.cpp would abort), so ``Target.set_features`` and tfm-convert refuse it.
+FEATURE_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe",
+                           "gemma3", "gemma4", "lfm2", "gpt-oss", "nemotron_h", "minimax-m2"})
+
 #: ``architectures`` entry of a DFlash drafter's ``config.json``.
 ARCHITECTURE = "DFlashDraftModel"
 #: ``architectures`` entry of a DFlash2 drafter's ``config.json``.

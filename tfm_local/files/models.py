@@ -35,7 +35,7 @@ from typing import BinaryIO, Iterator
 
 from tqdm import tqdm
 
-from .atomic import atomic_output, write_json
+from .atomic import atomic_output, stale_temps, write_json
 from .paths import cache_dir
 
 __all__ = [
@@ -530,7 +530,7 @@ def _is_trusted(target: Path, model: BuiltinModel) -> bool:
 
 def _remove_stale_temps(target: Path) -> None:
     """Delete temp files a crashed assembly left (only called under the lock)."""
-    for stale in target.parent.glob(f".{target.name}.*.tmp"):
+    for stale in stale_temps(target):
         stale.unlink(missing_ok=True)
 
 

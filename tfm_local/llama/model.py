@@ -196,6 +196,10 @@ class Model:
         self.close()
 
 
+#: the first word of llama.cpp's state of a sequence (llama-context.cpp, ``io_magic``)
+_STATE_MAGIC = 0xAF143CD8
+
+
 class Context:
     """A llama.cpp context: one sequence (id 0), its KV cache and its outputs.
 
@@ -321,6 +325,33 @@ class Context:
     def pos_max(self) -> int:
         """Largest position held for sequence 0 (-1 when empty)."""
         return lc.llama_memory_seq_pos_max(self.mem, 0)
+
+    def n_cells(self) -> int | None:
+        """Cells sequence 0 holds in the (first) attention cache, or None when the memory does not say.
+
+        Read from the head of llama.cpp's state of the sequence (``llama_state_seq_get_data``): its magic,
+        the sequence id, the stream count, then stream 0's cell count (sequence 0 lives in stream 0; an
+        iSWA cache writes its full-attention part first, a hybrid memory its attention cache before the
+        recurrent one). Copies the sequence's cache to the host: for checks and debugging, not per step.
+        Holes mid-sequence show here: positions ``pos_min() .. pos_max()`` in fewer cells."""
+        size = lc.llama_state_seq_get_size(self.ptr, 0)
+        if size < 16:  # nothing after the sequence id: a cache sharing another's cells writes none
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        if lc.llama_state_seq_get_data(self.ptr, buf, size, 0) < 16:
+            return None
+        magic, seq, n_stream, count = np.frombuffer(buf, dtype=np.uint32, count=4).tolist()
+        return count if magic == _STATE_MAGIC and seq == 0 and n_stream >= 1 else None
+
+    def hole_problems(self, who: str) -> list[str]:
+        """Sequence 0 must hold each position 0 .. ``pos_max()`` in one cell: [] when it does (or the
+        memory does not say, ``n_cells``), else one line saying how many are missing (a hole at the start
+        or mid-sequence, which ``pos_max`` alone does not show) or held twice; ``who`` starts the line."""
+        hi, n = self.pos_max(), self.n_cells()
+        if n is None or n == hi + 1:
+            return []
+        what = f"{hi + 1 - n} missing (a hole mid-sequence)" if n < hi + 1 else f"{n - hi - 1} held twice"
+        return [f"{who}: cache holds {n} cells for positions 0 .. {hi}: {what}"]
 
     def close(self) -> None:
         """Free the context (idempotent)."""

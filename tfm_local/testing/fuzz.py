@@ -12,12 +12,14 @@ or ``hang`` (no answer within the timeout); the child is restarted after a crash
 ``target`` (``Target``, then a 3-token prefill), ``drafter`` (an ``Engine`` with a good target and
 the file as its drafter, three tokens generated), ``meta`` (``read_gguf_meta``, the reader of the
 converter and the trainer) and ``zlab``: a z-lab checkpoint folder (``config.json`` +
-``model.safetensors``, damaged by ``mutate_checkpoint``) converted by ``tfm-convert``'s
-``convert_checkpoint`` for a good target; a failed conversion that leaves any file behind in the folder
-is reported as ``partial``.
+``model.safetensors``, DFlash or DFlash2, damaged by ``mutate_checkpoint``) converted by
+``tfm-convert``'s ``convert_checkpoint`` for a good target; ``requantize``: a drafter GGUF written again
+as Q8_0 by the same call (its requantize path). A failed conversion that leaves any file behind in the
+folder is reported as ``partial``.
 
     python -m tfm_local.testing.fuzz --kind target --model tiny.gguf -n 2000 --seed 1 --out fuzz.json
     python -m tfm_local.testing.fuzz --kind zlab --model CHECKPOINT_DIR --target tiny.gguf -n 500
+    python -m tfm_local.testing.fuzz --kind requantize --model drafter.gguf --target tiny.gguf -n 500
 
 (the longer run of the docs); ``tests/test_fuzz.py`` runs a bounded one in CI.
 """
@@ -337,6 +339,11 @@ def mutate_checkpoint(src: Path, dst: Path, rng: np.random.Generator) -> str:
     return kind
 
 
+#: kinds converted by ``tfm-convert`` (a failure must leave no file beside the input): ``zlab`` a
+#: checkpoint folder, ``requantize`` a drafter GGUF (alone in its folder) written again as Q8_0
+CONVERT_KINDS = ("zlab", "requantize")
+
+
 class PartialOutput(Exception):
     """A failed conversion left files behind (the worker reports it as outcome ``partial``)."""
 
@@ -362,14 +369,14 @@ def _load(kind: str, path: str, extra: str | None) -> None:
 
         with Engine(extra, path, n_ctx=64, n_threads=1, n_gpu_layers=0, budget=4) as e:
             list(e.generate_ids([1, 2, 3], 3, _greedy()))
-    elif kind == "zlab":
+    elif kind in CONVERT_KINDS:
         from tfm_convert.pipeline import convert_checkpoint
 
-        folder = Path(path)
+        folder = Path(path) if kind == "zlab" else Path(path).parent
         before = set(os.listdir(folder))
         out = folder / "out.gguf"
         try:
-            convert_checkpoint(folder, extra, out, "q8_0")
+            convert_checkpoint(path, extra, out, "q8_0")
         except Exception as e:
             left = sorted(set(os.listdir(folder)) - before)
             if left:
@@ -489,6 +496,9 @@ def run(kind: str, model: Path, n: int, seed: int, workdir: Path, extra: str | N
             else:
                 what, data = mutate_gguf(buf, rng, lay)
                 path = workdir / f"{kind}-{i}.gguf"
+                if kind == "requantize":  # its own folder: what a failed conversion leaves shows there
+                    (workdir / f"{kind}-{i}").mkdir()
+                    path = workdir / f"{kind}-{i}" / path.name
                 path.write_bytes(data)
             ans = worker.load(path)
             outcome = ans["outcome"]
@@ -497,10 +507,10 @@ def run(kind: str, model: Path, n: int, seed: int, workdir: Path, extra: str | N
             counts[outcome] = counts.get(outcome, 0) + 1
             if outcome in ("crash", "hang", "unclear", "partial"):
                 bad.append(dict(i=i, damage=what, **ans))
-            if zlab:
+            if kind in CONVERT_KINDS:
                 import shutil
 
-                shutil.rmtree(path)
+                shutil.rmtree(path if zlab else path.parent)
             else:
                 path.unlink()
     finally:
@@ -513,9 +523,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--extra", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--kind", default="target", choices=("target", "drafter", "meta", "zlab"))
+    ap.add_argument("--kind", default="target", choices=("target", "drafter", "meta") + CONVERT_KINDS)
     ap.add_argument("--model", help="the good GGUF (kind zlab: checkpoint folder) to damage")
-    ap.add_argument("--target", help="the good target (kinds drafter and zlab)")
+    ap.add_argument("--target", help="the good target (kinds drafter, zlab and requantize)")
     ap.add_argument("-n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the report here (JSON)")
