@@ -733,26 +733,28 @@ def _host_dartree(rt, embed, ht, hd, root, cand, logit, B, W, beta):
     return dartree_select(root, cand, sup, B, beta), min(gaps, default=np.inf)
 
 
-def _attached(path, target):
-    """The runtime Weaver of ``path`` on the CPU (one thread), attached to ``target``."""
+def _attached(path, target, device="cpu"):
+    """The runtime Weaver of ``path`` on ``device`` (one CPU thread), attached to ``target``."""
     from tfm_local.decode.weaver import Weaver as RuntimeWeaver
 
-    rt = RuntimeWeaver(path, "cpu", 1)
+    rt = RuntimeWeaver(path, device, 1)
     rt.attach_target(target)
     return rt
 
 
-def test_dartree_on_the_backend_keeps_unlikely_candidates_finite(pair, dartree_weaver):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_dartree_on_the_backend_keeps_unlikely_candidates_finite(pair, dartree_weaver, device):
     """The drafter's logits ×60 (std 180): most candidates' log-probabilities are far below −87, where float32's
     exp underflows. The backend's log-softmax (z − max − log Σ exp(z − max)) keeps them finite, so its DARTree is
     still the host's node for node (a log of the softmax made them −inf: ties among the −inf children chose the
     live branches and the selection arbitrarily). Each draft is checked where the host's choices have a margin
     of 0.05 at every cut (the float32 path scores of depth ≤ 16 trees of |score| < 10⁴ are within 0.02 of the
-    host's float64 ones, on any CPU's kernels); most drafts have it, at least three a case are required."""
+    host's float64 ones, on any CPU's kernels; on the GPU, built with fast math, a log of the softmax flushed
+    them to −inf from −87 down, the CPU's from −104); most drafts have it, at least three a case are required."""
     from tfm_local.decode.weaver import TargetEmbeddings
 
     d, target, _, _ = pair
-    rt, embed = _attached(dartree_weaver, target), TargetEmbeddings(target)
+    rt, embed = _attached(dartree_weaver, target, device), TargetEmbeddings(target)
     sh = rt.shape
     ht, hd = _dartree_prefix(sh)
     lowest = 0.0
