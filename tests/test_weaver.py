@@ -647,8 +647,41 @@ def test_weaver_option_needs_drafting_and_notes_an_unused_tree(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.fixture(scope="module")
+def dartree_weaver(pair, tmp_path_factory):
+    """A Weaver of the tiny pair fitted 20 steps, exported to F32: the DARTree tests' (its path)."""
+    from tfm_local.train.weaver_fit import export_weaver
+
+    d, target, drafter, _ = pair
+    out = tmp_path_factory.mktemp("wdartree")
+    res = fit_weaver(d / "corpus", target, drafter, out / "w", WeaverOptions(steps=20, **OPTS), "cpu",
+                     log=lambda s: None)
+    return export_weaver(res["checkpoint"], target, out / "export", ("f32",))["f32"]
+
+
+def _dartree_prefix(shape: dict, seed: int = 11):
+    """A random draft's prefix (h_target, h_drafter) for a Weaver of ``shape``."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape["target_hidden"]).astype(np.float32),
+            rng.standard_normal((shape["depth"], shape["drafter_hidden"])).astype(np.float32))
+
+
+def _random_draft(r, n_vocab: int, D: int, K: int, scale: float = 3.0):
+    """Candidates ``[D, K]`` (distinct at each depth), their logits (``scale`` × N(0, 1)) and a root token."""
+    cand = np.stack([r.choice(n_vocab, K, replace=False) for _ in range(D)]).astype(np.int32)
+    return cand, (scale * r.standard_normal((D, K))).astype(np.float32), int(r.integers(n_vocab))
+
+
+def _same_tree(got, want, what) -> None:
+    """``got`` is ``want`` node for node (parents, tokens, depths; path scores to float32 rounding)."""
+    assert got is not None and len(got) == len(want), what
+    for f in ("parents", "tokens", "depth"):
+        assert np.array_equal(getattr(got, f), getattr(want, f)), (what, f)
+    assert np.abs(got.logp - want.logp).max() < 1e-3 * max(1.0, np.abs(want.logp).max()), what
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-def test_dartree_on_the_backend_is_the_hosts_dartree(pair, tmp_path, device):
+def test_dartree_on_the_backend_is_the_hosts_dartree(pair, dartree_weaver, device):
     """``Weaver.dartree`` (the whole DARTree in one backend graph: every round's Weaver rows, the candidates'
     scores, the top-W branches and the global top-B on the device, only the chosen nodes read back) builds
     the tree ``tree.build_dartree`` builds with the Weaver on the host (``WeaverPaths``), node for node:
@@ -657,16 +690,12 @@ def test_dartree_on_the_backend_is_the_hosts_dartree(pair, tmp_path, device):
     from tfm_local.decode.tree import build_dartree
     from tfm_local.decode.weaver import TargetEmbeddings, WeaverPaths
     from tfm_local.decode.weaver import Weaver as RuntimeWeaver
-    from tfm_local.train.weaver_fit import export_weaver
 
     d, target, drafter, _ = pair
-    res = fit_weaver(d / "corpus", target, drafter, tmp_path / "w", WeaverOptions(steps=20, **OPTS), "cpu",
-                     log=lambda s: None)
-    rt = RuntimeWeaver(export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"], device, 1)
+    rt = RuntimeWeaver(dartree_weaver, device, 1)
     embed = TargetEmbeddings(target)
-    sh, rng = rt.shape, np.random.default_rng(11)
-    ht = rng.standard_normal(sh["target_hidden"]).astype(np.float32)
-    hd = rng.standard_normal((sh["depth"], sh["drafter_hidden"])).astype(np.float32)
+    sh = rt.shape
+    ht, hd = _dartree_prefix(sh)
     with pytest.raises(ValueError, match="attach_target"):
         rt.dartree(3, ht, hd, np.zeros((2, 2), np.int32), np.zeros((2, 2)), 4)
     rt.attach_target(target)
@@ -674,17 +703,10 @@ def test_dartree_on_the_backend_is_the_hosts_dartree(pair, tmp_path, device):
              (3, 5, 2, 200, -0.5), (sh["depth"], 3, 1, 8, -0.2), (2, sh["top_k"], 12, 1, -0.1)]
     for i, (D, K, W, B, beta) in enumerate(cases):
         for seed in range(3):
-            r = np.random.default_rng(100 * i + seed)
-            cand = np.stack([r.choice(embed.n_vocab, K, replace=False) for _ in range(D)]).astype(np.int32)
-            logit = (3 * r.standard_normal((D, K))).astype(np.float32)
-            root = int(r.integers(embed.n_vocab))
+            cand, logit, root = _random_draft(np.random.default_rng(100 * i + seed), embed.n_vocab, D, K)
             score = WeaverPaths(rt, embed, root, ht, hd, cand, logit, capacity=1 + W * D)
-            want = build_dartree(root, cand, B, score, W, beta)
-            got = rt.dartree(root, ht, hd, cand, logit, B, W, beta)
-            assert got is not None and len(got) == len(want), (i, seed)
-            for f in ("parents", "tokens", "depth"):
-                assert np.array_equal(getattr(got, f), getattr(want, f)), (i, seed, f)
-            assert np.abs(got.logp - want.logp).max() < 1e-3 * max(1.0, np.abs(want.logp).max()), (i, seed)
+            _same_tree(rt.dartree(root, ht, hd, cand, logit, B, W, beta), build_dartree(root, cand, B, score, W, beta),
+                       (i, seed))
     cand = np.zeros((2, 3), np.int32)
     for bad in (dict(cand=cand + embed.n_vocab), dict(beta=0.1), dict(cand=np.zeros((sh["depth"] + 1, 3), np.int32))):
         kw = {"cand": cand, "beta": -0.2, **bad}
@@ -692,6 +714,173 @@ def test_dartree_on_the_backend_is_the_hosts_dartree(pair, tmp_path, device):
             rt.dartree(0, ht, hd, kw["cand"], np.zeros(kw["cand"].shape), 8, 2, kw["beta"])
     with pytest.raises(ValueError, match="cannot use the embeddings"):
         rt.attach_target(drafter)  # a GGUF without the target's embeddings
+
+
+def _host_dartree(rt, embed, ht, hd, root, cand, logit, B, W, beta):
+    """``tree.build_dartree``'s tree with the Weaver on the host (``WeaverPaths``), and its margin: the smallest
+    gap (float64) between the last path score kept and the first left out, at each depth's top-W cut and at the
+    global top-B cut (the backend's float32 scores match the host's to far less than the margins asked)."""
+    from tfm_local.decode.tree import dartree_select, dartree_supertree
+    from tfm_local.decode.weaver import WeaverPaths
+
+    sup = dartree_supertree(cand, WeaverPaths(rt, embed, root, ht, hd, cand, logit, capacity=1 + W * len(cand)), W)
+    _, depth, scores, _ = sup
+    gaps = []
+    for cut, n in [(-np.sort(-scores[depth == d]), W) for d in range(1, len(cand))] + \
+                  [(-np.sort(-(scores + beta * depth)[1:]), B)]:
+        if len(cut) > n:
+            gaps.append(cut[n - 1] - cut[n])
+    return dartree_select(root, cand, sup, B, beta), min(gaps, default=np.inf)
+
+
+def _attached(path, target, device="cpu"):
+    """The runtime Weaver of ``path`` on ``device`` (one CPU thread), attached to ``target``."""
+    from tfm_local.decode.weaver import Weaver as RuntimeWeaver
+
+    rt = RuntimeWeaver(path, device, 1)
+    rt.attach_target(target)
+    return rt
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_dartree_on_the_backend_keeps_unlikely_candidates_finite(pair, dartree_weaver, device):
+    """The drafter's logits ×60 (std 180): most candidates' log-probabilities are far below −87, where float32's
+    exp underflows. The backend's log-softmax (z − max − log Σ exp(z − max)) keeps them finite, so its DARTree is
+    still the host's node for node (a log of the softmax made them −inf: ties among the −inf children chose the
+    live branches and the selection arbitrarily). Each draft is checked where the host's choices have a margin
+    of 0.05 at every cut (the float32 path scores of depth ≤ 16 trees of |score| < 10⁴ are within 0.02 of the
+    host's float64 ones, on any CPU's kernels; on the GPU, built with fast math, a log of the softmax flushed
+    them to −inf from −87 down, the CPU's from −104); most drafts have it, at least three a case are required."""
+    from tfm_local.decode.weaver import TargetEmbeddings
+
+    d, target, _, _ = pair
+    rt, embed = _attached(dartree_weaver, target, device), TargetEmbeddings(target)
+    sh = rt.shape
+    ht, hd = _dartree_prefix(sh)
+    lowest = 0.0
+    for i, (D, K, W, B, beta) in enumerate([(sh["depth"], sh["top_k"], 12, 64, -0.2),
+                                            (sh["depth"], sh["top_k"], 4, 200, -0.5), (3, 5, 2, 30, -0.1)]):
+        kept = 0
+        for seed in range(12):
+            cand, logit, root = _random_draft(np.random.default_rng(1000 * i + seed), embed.n_vocab, D, K, scale=180.0)
+            want, margin = _host_dartree(rt, embed, ht, hd, root, cand, logit, B, W, beta)
+            if margin < 0.05:
+                continue
+            kept += 1
+            _same_tree(rt.dartree(root, ht, hd, cand, logit, B, W, beta), want, (i, seed))
+            lowest = min(lowest, (want.logp[1:] - want.logp[want.parents[1:]]).min())  # a node's own log p
+        assert kept >= 3, (i, kept)
+    assert lowest < -200  # the trees hold candidates far beyond float32 exp's range
+
+
+def test_dartree_graphs_are_bounded_and_trees_stay_the_hosts_after_eviction(pair, dartree_weaver):
+    """One graph is kept per DARTree shape (depth, K, W, B, beta); with ``budget="auto"`` B changes from step to
+    step, so the kept graphs are bounded: after trees of 50 budgets at most ``native.DARTREE_GRAPHS`` (8), the
+    least recently used freed first. A budget whose graph was freed is rebuilt and a kept one reused: the same
+    trees, the host's; a new attach frees them all."""
+    from tfm_local.decode.tree import build_dartree
+    from tfm_local.decode.weaver import TargetEmbeddings, WeaverPaths
+    from tfm_local.llama import native
+
+    d, target, _, _ = pair
+    rt, embed = _attached(dartree_weaver, target), TargetEmbeddings(target)
+    sh = rt.shape
+    ht, hd = _dartree_prefix(sh)
+    D, K, W, beta = sh["depth"], 8, 4, -0.2
+    cand, logit, root = _random_draft(np.random.default_rng(5), embed.n_vocab, D, K)
+    kept = lambda: native.weaver_dartree_graphs(rt._w)  # noqa: E731
+    assert kept() == 0
+    first = {}
+    for B in range(1, 51):
+        first[B] = rt.dartree(root, ht, hd, cand, logit, B, W, beta)
+        assert kept() == min(B, native.DARTREE_GRAPHS), B
+    rt.dartree(root, ht, hd, cand, logit, 43, W, beta)  # kept: 44 is now the least recently used
+    rt.dartree(root, ht, hd, cand, logit, 1, W, beta)   # rebuilt in 44's place
+    assert kept() == native.DARTREE_GRAPHS
+    for B in (1, 2, 50, 44, 43, 25, 50):
+        score = WeaverPaths(rt, embed, root, ht, hd, cand, logit, capacity=1 + W * D)
+        got = rt.dartree(root, ht, hd, cand, logit, B, W, beta)
+        _same_tree(got, first[B], B)
+        _same_tree(got, build_dartree(root, cand, B, score, W, beta), B)
+        assert kept() == native.DARTREE_GRAPHS
+    rt.attach_target(target)
+    assert kept() == 0
+
+
+def _raw_dartree(rt, ht, hd, cand, logit, root, width, budget) -> int:
+    """``tfm_weaver_dartree``'s return code, called directly (no Python checks), outputs sized as it writes them."""
+    from tfm_local.llama import native
+
+    ffi, h = native.lib()
+    D, K = cand.shape
+    rows = native.dartree_rows(D, K, width)
+    live, sel = np.empty(max(1, sum(rows[1:])), np.float32), np.empty(min(budget, K * sum(rows)), np.float32)
+    f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
+    c, cl = np.ascontiguousarray(cand, np.int32), np.ascontiguousarray(logit, np.float32)
+    return h.tfm_weaver_dartree(rt._w, f(ht, "float *"), f(hd, "float *"), D, K, f(c, "int32_t *"), f(cl, "float *"),
+                                root, width, budget, -0.2, f(live, "int32_t *"), f(live.copy(), "float *"),
+                                f(sel, "int32_t *"), f(sel.copy(), "float *"))
+
+
+def test_dartree_width_above_the_limit_is_refused_clearly(pair, dartree_weaver, capsys):
+    """DARTree's width W (live branches a depth) costs O(W²) a depth in the backend graph's masks: a huge W ended
+    in std::bad_alloc through the C API. Widths above ``native.DARTREE_MAX_WIDTH`` (256), K above
+    ``DARTREE_MAX_TOP_K`` are refused: a ValueError naming the limit from ``Weaver.dartree`` and
+    ``TfmDrafter.dartree`` (on the host builder's path too), -4 from the library itself, and exit status 2
+    with one line from ``tfm-bench-trees --width``; W at the limit still builds the host's tree."""
+    from tfm_local.bench.trees import main
+    from tfm_local.decode.weaver import TargetEmbeddings, TfmDrafter
+    from tfm_local.llama import native
+
+    d, target, _, _ = pair
+    rt, embed = _attached(dartree_weaver, target), TargetEmbeddings(target)
+    ht, hd = _dartree_prefix(rt.shape)
+    lim = native.DARTREE_MAX_WIDTH
+    cand, logit, root = _random_draft(np.random.default_rng(9), embed.n_vocab, 3, 3)
+    want, _ = _host_dartree(rt, embed, ht, hd, root, cand, logit, 16, lim, -0.2)
+    _same_tree(rt.dartree(root, ht, hd, cand, logit, 16, lim, -0.2), want, lim)
+    tfm = TfmDrafter(rt, embed)
+    tfm.h_target = ht
+    for width in (lim + 1, 10**6):
+        with pytest.raises(ValueError, match=f"width {width} is outside 1..{lim}"):
+            rt.dartree(root, ht, hd, cand, logit, 16, width, -0.2)
+        with pytest.raises(ValueError, match=f"1..{lim}"):
+            tfm.dartree(root, cand, logit, hd, 16, width=width)
+        assert _raw_dartree(rt, ht, hd, cand[:2], logit[:2], root, width, 16) == -4
+    assert _raw_dartree(rt, ht, hd, cand[:2], logit[:2], root, lim, 16) > 0
+    big = np.zeros((2, native.DARTREE_MAX_TOP_K + 1), np.int32)
+    assert _raw_dartree(rt, ht, hd, big, np.zeros(big.shape), root, 2, 16) == -4
+    with pytest.raises(ValueError, match=f"top_k {big.shape[1]} is outside"):
+        rt.dartree(root, ht, hd, big, np.zeros(big.shape), 16, 2, -0.2)
+    assert main(["--weaver", str(dartree_weaver), "--target", str(target), "--width", str(lim + 1)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tfm-bench-trees: --width") and str(lim) in err and err.count("\n") == 1
+
+
+def test_attach_target_does_not_read_the_weavers_file_again(pair, dartree_weaver, tmp_path):
+    """The codes table is read with the rest of the Weaver at load: ``attach_target`` after the Weaver's file was
+    replaced by a broken one, then deleted, still works and gives the trees of a Weaver attached while the file
+    was there (it re-read the codes from the file: -1, "cannot use the embeddings")."""
+    import shutil
+
+    from tfm_local.decode.weaver import TargetEmbeddings
+    from tfm_local.decode.weaver import Weaver as RuntimeWeaver
+
+    d, target, _, _ = pair
+    embed = TargetEmbeddings(target)
+    ref = _attached(dartree_weaver, target)
+    path = tmp_path / "w.gguf"
+    shutil.copy(dartree_weaver, path)
+    rt = RuntimeWeaver(path, "cpu", 1)
+    ht, hd = _dartree_prefix(rt.shape)
+    path.write_bytes(b"GGUF" + bytes(64))
+    for step in ("replaced", "deleted"):
+        rt.attach_target(target)
+        for seed in range(3):
+            cand, logit, root = _random_draft(np.random.default_rng(seed), embed.n_vocab, rt.shape["depth"], 8)
+            _same_tree(rt.dartree(root, ht, hd, cand, logit, 32, 6, -0.2),
+                       ref.dartree(root, ht, hd, cand, logit, 32, 6, -0.2), (step, seed))
+        path.unlink(missing_ok=True)
 
 
 def test_tfm_bench_trees_refuses_bad_input_clearly(pair, tmp_path, capsys):

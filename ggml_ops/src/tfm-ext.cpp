@@ -1,5 +1,5 @@
-// tfm-local: C forwarders over llama-ext.h, a backend top-k sampler and a backend token sampler
-// (see tfm-ext.h).
+// tfm-local: C forwarders over llama-ext.h, a backend top-k sampler, a backend token sampler and the
+// Weaver (its q, node store and DARTree graph; see tfm-ext.h).
 // The op test/bench harness (tfm_test_op, tfm_bench_op) is in tfm-op-harness.cpp.
 #include "tfm-ext.h"
 #include "llama-context.h"
@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,7 +31,7 @@
 #include <vector>
 
 int32_t tfm_api_version(void) {
-    return 17;
+    return 18;
 }
 
 bool tfm_context_keep_graphs(llama_context * ctx, bool on) {
@@ -906,7 +907,7 @@ int32_t tfm_sample_get(llama_context * ctx, int32_t i0, int32_t n, int32_t * ids
 // steps of its own path (the mask). The prefix's keys and values of every layer are computed once a
 // tree (tfm_weaver_prefix) and kept on the backend; each round of the tree's heap then computes only its
 // paths' steps (tfm_weaver_steps). The candidates' scores (drafter logit + <codes[c], q>) are the
-// caller's: K rows of the codes table, which stays on the host.
+// caller's: K rows of the codes table, on the host (the backend's copy serves DARTree only).
 
 // the graph of one tfm_weaver_nodes_add row count (rows padded to a power of two up to TFM_WEAVER_PAD), kept
 // with its own allocator so that a call only sets its inputs and computes
@@ -974,15 +975,17 @@ struct tfm_dartree_graph_free {
 struct tfm_weaver {
     int32_t target_hidden = 0, drafter_hidden = 0, depth = 0, top_k = 0, width = 0, layers = 0, heads = 0,
             ffn = 0, rank = 0;
-    std::string                 path;    // the Weaver GGUF (the codes table is read from it when needed)
-    ggml_tensor *               codes = nullptr;  // [rank, n_vocab] on the backend, loaded by tfm_weaver_attach_target
+    ggml_tensor *               codes = nullptr;  // [rank, n_vocab] on the backend, read with the rest at load
     // tfm_weaver_attach_target: every token's step input (step_proj of the normed target embedding),
-    // [width, n_vocab + 1] F32 (the last row a scratch row), and DARTree's graphs, one per shape
+    // [width, n_vocab + 1] F32 (the last row a scratch row), and DARTree's graphs, one per shape: at most
+    // TFM_DARTREE_GRAPHS of them, the least recently used freed first (a shape's last use in dartree_used)
     ggml_context *              table_ctx = nullptr;
     ggml_backend_buffer_t       table_buf = nullptr;
     ggml_tensor *               table = nullptr;
     int64_t                     n_vocab = 0;
     std::map<std::string, std::unique_ptr<tfm_dartree_graph, tfm_dartree_graph_free>> dartree_graphs;
+    std::map<std::string, uint64_t> dartree_used;
+    uint64_t                    dartree_clock = 0;
     float rope_theta = 10000.0f, eps = 1e-6f;
     ggml_context *              ctx_w   = nullptr;
     ggml_backend_t              backend = nullptr;
@@ -1022,6 +1025,7 @@ struct tfm_weaver {
 
     void free_table() {
         dartree_graphs.clear();  // they read the table and the codes
+        dartree_used.clear();
         if (table_buf != nullptr) {
             ggml_backend_buffer_free(table_buf);
         }
@@ -1191,15 +1195,15 @@ tfm_weaver * tfm_weaver_load(const char * path, int32_t device, int32_t n_thread
             set_threads(W->backend, std::max(1, n_threads));
         }
     }
-    // every tensor but the codes table (it stays on the host, read by the caller) on the backend
+    // every tensor on the backend; the codes table is kept apart (DARTree's, tfm_weaver_attach_target), read
+    // here with the rest so that the Weaver's file is not opened again
     for (ggml_tensor * t = ggml_get_first_tensor(W->ctx_w); t != nullptr; t = ggml_get_next_tensor(W->ctx_w, t)) {
         W->w[ggml_get_name(t)] = t;
     }
-    W->codes = W->get("codes");  // allocated with the rest, its data read by tfm_weaver_attach_target only
+    W->codes = W->get("codes");
     if (W->codes != nullptr) {
         W->w.erase("codes");
     }
-    W->path = path;
     W->buf_w = ggml_backend_alloc_ctx_tensors(W->ctx_w, W->backend);
     if (W->buf_w == nullptr) {
         return nullptr;
@@ -1211,7 +1215,8 @@ tfm_weaver * tfm_weaver_load(const char * path, int32_t device, int32_t n_thread
     std::vector<uint8_t> data;
     bool read_ok = true;
     for (int64_t i = 0; i < gguf_get_n_tensors(g) && read_ok; ++i) {
-        ggml_tensor * t = W->get(gguf_get_tensor_name(g, i));
+        const char * name = gguf_get_tensor_name(g, i);
+        ggml_tensor * t = std::strcmp(name, "codes") == 0 ? W->codes : W->get(name);
         if (t == nullptr) {
             continue;
         }
@@ -1597,12 +1602,30 @@ std::vector<int64_t> dartree_rows(int32_t D, int32_t K, int32_t Wl) {
     return R;
 }
 
+// a log-softmax over the rows (ne0) of z [K, R] from ggml ops, stable: z - max - log(sum(exp(z - max))) (a
+// log(soft_max(z)) in float32 gives -inf to every candidate of log-probability below about -87, where
+// exp underflows; the host's log-softmax, tree.py's reference, keeps them finite)
+ggml_tensor * log_softmax_rows(ggml_context * ctx, ggml_tensor * z) {
+    const int K = (int) z->ne[0];
+    ggml_tensor * zm = ggml_sub(ctx, z, ggml_pool_1d(ctx, z, GGML_OP_POOL_MAX, K, K, 0));   // z - max [K, R]
+    return ggml_sub(ctx, zm, ggml_log(ctx, ggml_sum_rows(ctx, ggml_exp(ctx, zm))));
+}
+
+// the graph of one DARTree shape, kept: at most TFM_DARTREE_GRAPHS shapes, the least recently used freed
+// to make room for a new one
 tfm_dartree_graph * dartree_graph(tfm_weaver * W, int32_t D, int32_t K, int32_t Wl, int64_t B, float beta) {
     char key[96];
     std::snprintf(key, sizeof(key), "%d/%d/%d/%lld/%a", D, K, Wl, (long long) B, (double) beta);
     auto it = W->dartree_graphs.find(key);
     if (it != W->dartree_graphs.end()) {
+        W->dartree_used[key] = ++W->dartree_clock;
         return it->second.get();
+    }
+    while (W->dartree_graphs.size() >= TFM_DARTREE_GRAPHS) {
+        auto lru = std::min_element(W->dartree_used.begin(), W->dartree_used.end(),
+                                    [](const auto & a, const auto & b) { return a.second < b.second; });
+        W->dartree_graphs.erase(lru->first);
+        W->dartree_used.erase(lru);
     }
     const int32_t Dw = W->depth, P = 1 + Dw, Wd = W->width, H = W->heads, hd = Wd / H;
     const std::vector<int64_t> R = dartree_rows(D, K, Wl);
@@ -1704,7 +1727,7 @@ tfm_dartree_graph * dartree_graph(tfm_weaver * W, int32_t D, int32_t K, int32_t 
         ggml_tensor * cr = ggml_view_2d(ctx, codes_all, W->rank, K, codes_all->nb[1], (size_t) d * K * codes_all->nb[1]);
         ggml_tensor * lr = ggml_view_2d(ctx, g->clog, K, 1, g->clog->nb[1], (size_t) d * g->clog->nb[1]);
         ggml_tensor * z  = ggml_add(ctx, ggml_mul_mat(ctx, cr, weaver_q_out(ctx, W, x)), lr);
-        ggml_tensor * S  = ggml_log(ctx, ggml_soft_max(ctx, z));                          // [K, R] log-probabilities
+        ggml_tensor * S  = log_softmax_rows(ctx, z);                                      // [K, R] log-probabilities
         if (s != nullptr) {
             S = ggml_add(ctx, S, s);                                                      // + the parent's path score
         }
@@ -1730,34 +1753,18 @@ tfm_dartree_graph * dartree_graph(tfm_weaver * W, int32_t D, int32_t K, int32_t 
     if (g->galloc == nullptr || !ggml_gallocr_alloc_graph(g->galloc, gf)) {
         return nullptr;
     }
+    W->dartree_used[key] = ++W->dartree_clock;
     return (W->dartree_graphs[key] = std::move(g)).get();
 }
 
 } // namespace
 
-int32_t tfm_weaver_attach_target(tfm_weaver * W, const char * target_path) {
+static int32_t weaver_attach_target(tfm_weaver * W, const char * target_path) {
     if (W == nullptr || target_path == nullptr || W->codes == nullptr) {
         return -1;
     }
     W->free_table();
-    // the codes table from the Weaver's file
-    {
-        gguf_init_params gp = {true, nullptr};
-        std::unique_ptr<gguf_context, void (*)(gguf_context *)> gw(gguf_init_from_file(W->path.c_str(), gp), gguf_free);
-        const int64_t id = gw ? gguf_find_tensor(gw.get(), "codes") : -1;
-        FILE * f = id >= 0 ? std::fopen(W->path.c_str(), "rb") : nullptr;
-        if (f == nullptr) {
-            return -1;
-        }
-        std::vector<uint8_t> data(ggml_nbytes(W->codes));
-        const bool ok = read_rows(f, gguf_get_data_offset(gw.get()) + gguf_get_tensor_offset(gw.get(), id), data.size(), 0, 1, data.data());
-        std::fclose(f);
-        if (!ok) {
-            return -1;
-        }
-        ggml_backend_tensor_set(W->codes, data.data(), 0, data.size());
-    }
-    // the target's token embeddings, a chunk of rows at a time, into the table of step inputs
+    // (the codes table is on the backend since tfm_weaver_load) the target's token embeddings, a chunk of rows at a time, into the table of step inputs
     ggml_context * meta = nullptr;
     gguf_init_params gp = {true, &meta};
     std::unique_ptr<gguf_context, void (*)(gguf_context *)> g(gguf_init_from_file(target_path, gp), gguf_free);
@@ -1836,25 +1843,31 @@ int32_t tfm_weaver_attach_target(tfm_weaver * W, const char * target_path) {
     return 0;
 }
 
-int32_t tfm_weaver_dartree(tfm_weaver * W, const float * h_target, const float * h_drafter, int32_t n_depth,
-                           int32_t top_k, const int32_t * cand, const float * cand_logit, int32_t root, int32_t width,
-                           int32_t budget, float beta, int32_t * live, float * live_score, int32_t * sel,
-                           float * sel_score) {
+static int32_t weaver_dartree(tfm_weaver * W, const float * h_target, const float * h_drafter, int32_t n_depth,
+                              int32_t top_k, const int32_t * cand, const float * cand_logit, int32_t root, int32_t width,
+                              int32_t budget, float beta, int32_t * live, float * live_score, int32_t * sel,
+                              float * sel_score) {
     if (W == nullptr || W->table == nullptr || h_target == nullptr || h_drafter == nullptr || cand == nullptr ||
         cand_logit == nullptr || live == nullptr || live_score == nullptr || sel == nullptr || sel_score == nullptr ||
         n_depth < 1 || n_depth > W->depth || top_k < 1 || width < 1 || budget < 1 || !(beta <= 0.0f) ||
         root < 0 || root >= W->n_vocab) {
         return -1;
     }
-    for (int64_t i = 0; i < (int64_t) n_depth * top_k; ++i) {
-        if (cand[i] < 0 || cand[i] >= W->n_vocab) {
-            return -1;
-        }
+    if (width > TFM_DARTREE_MAX_WIDTH || top_k > TFM_DARTREE_MAX_TOP_K) {
+        return -4;  // the graph's masks grow as width^2 a round, its scores as top_k * width
     }
     const std::vector<int64_t> R = dartree_rows(n_depth, top_k, width);
     int64_t n_total = 0;
     for (int64_t r : R) {
         n_total += top_k * r;
+    }
+    if (n_total > TFM_DARTREE_MAX_NODES) {
+        return -4;  // a flat child index must fit int32 (ggml_top_k's indices), with room to spare
+    }
+    for (int64_t i = 0; i < (int64_t) n_depth * top_k; ++i) {
+        if (cand[i] < 0 || cand[i] >= W->n_vocab) {
+            return -1;
+        }
     }
     tfm_dartree_graph * g = dartree_graph(W, n_depth, top_k, width, std::min<int64_t>(budget, n_total), beta);
     if (g == nullptr) {
@@ -1877,4 +1890,32 @@ int32_t tfm_weaver_dartree(tfm_weaver * W, const float * h_target, const float *
     std::copy(oi.begin() + g->n_live, oi.end(), sel);
     std::copy(of.begin() + g->n_live, of.end(), sel_score);
     return (int32_t) g->B;
+}
+
+// the C API's two: no C++ exception (std::bad_alloc of a graph's host-side constants) crosses into C
+int32_t tfm_weaver_attach_target(tfm_weaver * W, const char * target_path) {
+    try {
+        return weaver_attach_target(W, target_path);
+    } catch (const std::exception &) {
+        if (W != nullptr) {
+            W->free_table();
+        }
+        return -2;
+    }
+}
+
+int32_t tfm_weaver_dartree(tfm_weaver * W, const float * h_target, const float * h_drafter, int32_t n_depth,
+                           int32_t top_k, const int32_t * cand, const float * cand_logit, int32_t root, int32_t width,
+                           int32_t budget, float beta, int32_t * live, float * live_score, int32_t * sel,
+                           float * sel_score) {
+    try {
+        return weaver_dartree(W, h_target, h_drafter, n_depth, top_k, cand, cand_logit, root, width, budget, beta,
+                              live, live_score, sel, sel_score);
+    } catch (const std::exception &) {
+        return -2;
+    }
+}
+
+int32_t tfm_weaver_dartree_graphs(const tfm_weaver * W) {
+    return W == nullptr ? -1 : (int32_t) W->dartree_graphs.size();
 }

@@ -149,7 +149,8 @@ LLAMA_API bool tfm_context_keep_graphs(struct llama_context * ctx, bool on);
 
 // The Weaver (Trees from Marginals; API versions 12, 13, 14). tfm_weaver_load reads a Weaver GGUF (architecture
 // tfm-weaver, tfm_convert.weaver_gguf) onto the CPU (device 0, n_threads threads) or the first GPU
-// (device 1), every tensor but the codes table; NULL for a missing or malformed file or no such device.
+// (device 1), every tensor (the codes table, read there for DARTree's use only, below); NULL for a missing
+// or malformed file or no such device.
 // tfm_weaver_shape writes its 9 sizes (target_hidden, drafter_hidden, depth, top_k, width, layers,
 // heads, ffn, rank) and returns 9. tfm_weaver_q: for n_paths paths over n_drafts drafts, q of each
 // path's last step, [n_paths, rank] float32 into q_out. h_target [n_drafts, target_hidden] (the
@@ -190,14 +191,15 @@ LLAMA_API int32_t tfm_weaver_nodes_begin(struct tfm_weaver * w, const float * h_
 LLAMA_API int32_t tfm_weaver_nodes_add(struct tfm_weaver * w, int32_t n, const int32_t * parent, const float * step_emb,
                                        float * q_out);
 
-// DARTree on the backend (API version 17; arXiv 2608.13524; tfm_local/decode/tree.py build_dartree is the
-// reference). tfm_weaver_attach_target loads the codes table onto the Weaver's backend and computes every
-// token's step input (step_proj of the normed row of the target GGUF's token_embd.weight) into a table kept
+// DARTree on the backend (API versions 17, 18; arXiv 2608.13524; tfm_local/decode/tree.py build_dartree is the
+// reference). The codes table is read onto the Weaver's backend by tfm_weaver_load (the file is not read
+// again); tfm_weaver_attach_target computes every token's step input (step_proj of the normed row of the target GGUF's token_embd.weight) into a table kept
 // there: 0, -1 for a target whose embeddings do not fit the Weaver (width, vocabulary) or an unreadable file,
 // -2 / -3 as above. tfm_weaver_dartree then builds one draft's DARTree in one graph (kept per shape): the
 // prefix (h_target [target_hidden], h_drafter [depth, drafter_hidden]), then n_depth rounds (1..depth); round
 // d scores the top_k candidates cand[d] (int32 [n_depth, top_k], target ids) of each live branch, logits
-// cand_logit[d] + codes[c] . q, log-softmax over top_k, plus the branch's path score; round 0 has the root
+// cand_logit[d] + codes[c] . q, log-softmax over top_k (z - max - log sum exp(z - max): finite however
+// unlikely the candidate), plus the branch's path score; round 0 has the root
 // (token root) as its one branch, round d + 1 the `width` best children of round d (fewer when round d has
 // fewer children). Then one top-budget over every child of every round by path score + beta * depth
 // (beta <= 0). Out: live [n_live], int32, for rounds 1..n_depth-1 in order, each branch's flat index
@@ -206,12 +208,22 @@ LLAMA_API int32_t tfm_weaver_nodes_add(struct tfm_weaver * w, int32_t n, const i
 // indices into the concatenated children of all rounds (round 0's first), in no particular order, and
 // sel_score [B] their path scores, B = min(budget, all children). n_live = sum over rounds 1..n_depth-1 of
 // min(width, top_k * the round before's branches). Returns B; -1 on bad arguments (no target attached,
-// a token out of range, beta > 0), -2 / -3 as above.
+// a token out of range, beta > 0), -4 for a size above the limits below (API version 18: width above
+// TFM_DARTREE_MAX_WIDTH, top_k above TFM_DARTREE_MAX_TOP_K, more than TFM_DARTREE_MAX_NODES children in
+// all), -2 / -3 as above (-2 also for host memory that runs out: no C++ exception leaves either call).
+// The graphs are kept per shape (n_depth, top_k, width, B, beta), at most TFM_DARTREE_GRAPHS of them: a new
+// shape frees the least recently used one's (API version 18); tfm_weaver_dartree_graphs returns how many
+// are kept (-1 for no Weaver).
+#define TFM_DARTREE_MAX_WIDTH 256
+#define TFM_DARTREE_MAX_TOP_K 1024
+#define TFM_DARTREE_MAX_NODES (1 << 22)
+#define TFM_DARTREE_GRAPHS 8
 LLAMA_API int32_t tfm_weaver_attach_target(struct tfm_weaver * w, const char * target_path);
 LLAMA_API int32_t tfm_weaver_dartree(struct tfm_weaver * w, const float * h_target, const float * h_drafter,
                                      int32_t n_depth, int32_t top_k, const int32_t * cand, const float * cand_logit,
                                      int32_t root, int32_t width, int32_t budget, float beta, int32_t * live,
                                      float * live_score, int32_t * sel, float * sel_score);
+LLAMA_API int32_t tfm_weaver_dartree_graphs(const struct tfm_weaver * w);
 
 #ifdef __cplusplus
 }

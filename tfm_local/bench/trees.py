@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--weaver", required=True, help="Weaver GGUF (tfm-train weaver, tfm-convert --weaver)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="target GGUF or built-in name")
     ap.add_argument("--budgets", default="16,64", help="drafted nodes a tree (default 16,64)")
-    ap.add_argument("--width", type=int, default=12, help="DARTree's live branches a depth (default 12)")
+    ap.add_argument("--width", type=int, default=12, help="DARTree's live branches a depth (default 12, at most 256)")
     ap.add_argument("--beta", type=float, default=-0.2, help="DARTree's depth bonus, <= 0 (default -0.2)")
     ap.add_argument("--devices", default=None, help="cpu,gpu (default: cpu, and gpu when there is one)")
     ap.add_argument("--drafts", type=int, default=20, help="random drafts timed (default 20)")
@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     from tfm_local.decode.weaver import TargetEmbeddings, Weaver, WeaverPaths, tfm_tree
     from tfm_local.files.models import resolve_model
     from tfm_local.llama.model import gpu_available
+    from tfm_local.llama.native import DARTREE_MAX_WIDTH
 
     a = parse_args(argv)
 
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
         return fail(f"--budgets must be comma-separated integers, got {a.budgets!r}")
     if not a.beta <= 0 or a.width < 1 or a.drafts < 1 or min(budgets) < 1:
         return fail("--beta must be <= 0, --width, --drafts and every budget >= 1")
+    if a.width > DARTREE_MAX_WIDTH:
+        return fail(f"--width {a.width} is above the backend DARTree's limit of {DARTREE_MAX_WIDTH} live branches a depth")
     if a.json:
         from tfm_local.cli.common import check_writable
 

@@ -351,7 +351,9 @@ class TfmDrafter:
         """The DARTree tree of ``budget`` drafted nodes with the Weaver as its correction head
         (``tree.build_dartree``: ``width`` live branches a depth, depth bonus ``beta``; the paper's defaults):
         built on the Weaver's backend in one call once ``attach`` has run (``Weaver.dartree``), else on the
-        host with one Weaver call a depth (``WeaverPaths``), as also on an exact parent-child tie."""
+        host with one Weaver call a depth (``WeaverPaths``), as also on an exact parent-child tie. Raises
+        ValueError for a width (or K) beyond the backend's limits (``native.check_dartree_size``), either way."""
+        native.check_dartree_size(int(width), np.shape(cand)[1], len(cand))
         if self.weaver.attached is not None:
             tree = self.weaver.dartree(root, self.h_target, hidden, cand, cand_logp, budget, width, beta)
             if tree is not None:

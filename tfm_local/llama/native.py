@@ -16,7 +16,7 @@ import functools
 import cffi
 import numpy as np
 
-API_VERSION = 17
+API_VERSION = 18
 
 _CDEF = """
 int32_t tfm_api_version(void);
@@ -54,6 +54,7 @@ int32_t tfm_weaver_attach_target(void * w, const char * target_path);
 int32_t tfm_weaver_dartree(void * w, const float * h_target, const float * h_drafter, int32_t n_depth, int32_t top_k,
                            const int32_t * cand, const float * cand_logit, int32_t root, int32_t width, int32_t budget,
                            float beta, int32_t * live, float * live_score, int32_t * sel, float * sel_score);
+int32_t tfm_weaver_dartree_graphs(const void * w);
 void tfm_test_op_set_fparams(const float * p, int32_t n);
 int32_t tfm_test_op(int32_t op, int32_t n_src, const void * const * src, const int64_t * ne,
                     const int32_t * types, int32_t iparam, int32_t device, int32_t n_threads,
@@ -513,7 +514,15 @@ def bench_op(op: str, srcs, iparam: int = 0, device: str = "cpu", n_threads: int
     return ms
 
 
-# -- the Weaver (tfm_weaver_*, API versions 12-14, 17) ----------------------------------------------------
+# -- the Weaver (tfm_weaver_*, API versions 12-14, 17, 18) ------------------------------------------------
+
+#: tfm-ext.h's limits of one DARTree on the backend (``tfm_weaver_dartree`` returns -4 beyond them): its live
+#: branches a depth (the graph's masks grow as width², a depth), candidates a branch, children in all; and
+#: how many graphs (one per shape) a Weaver keeps, the least recently used freed first.
+DARTREE_MAX_WIDTH = 256
+DARTREE_MAX_TOP_K = 1024
+DARTREE_MAX_NODES = 1 << 22
+DARTREE_GRAPHS = 8
 
 def weaver_load(path: str, device: int, n_threads: int):
     """A loaded Weaver GGUF on the CPU (``device`` 0) or the first GPU (1): a cffi handle freed when
@@ -686,6 +695,7 @@ def weaver_dartree(w, shape: dict, h_target: np.ndarray, h_drafter: np.ndarray, 
     if int(width) < 1 or int(budget) < 1 or not float(beta) <= 0:
         raise ValueError(f"width {width} and budget {budget} must be >= 1, beta {beta} <= 0")
     D, K = c.shape
+    check_dartree_size(int(width), K, D)
     n_live = sum(dartree_rows(D, K, int(width))[1:])
     n_total = K * sum(dartree_rows(D, K, int(width)))
     B = min(int(budget), n_total)
@@ -697,6 +707,29 @@ def weaver_dartree(w, shape: dict, h_target: np.ndarray, h_drafter: np.ndarray, 
                              f(live_score, "float *"), f(sel, "int32_t *"), f(sel_score, "float *"))
     if r == -1:
         raise ValueError("tfm_weaver_dartree refused its inputs (no target attached, a token out of range, or beta > 0)")
+    if r == -4:
+        raise ValueError(f"tfm_weaver_dartree refused a tree above its limits (width {width} <= {DARTREE_MAX_WIDTH}, "
+                         f"top_k {K} <= {DARTREE_MAX_TOP_K}, {n_total} children <= {DARTREE_MAX_NODES})")
     if r < 0:
         raise NativeError(f"tfm_weaver_dartree failed ({r})")
     return live, live_score, sel, sel_score
+
+
+def check_dartree_size(width: int, top_k: int, n_depth: int) -> None:
+    """ValueError naming the limit when a DARTree of ``width`` live branches a depth, ``top_k`` candidates a
+    branch and ``n_depth`` depths is beyond what the backend builds (``DARTREE_MAX_WIDTH`` and the others)."""
+    if not 1 <= width <= DARTREE_MAX_WIDTH:
+        raise ValueError(f"DARTree width {width} is outside 1..{DARTREE_MAX_WIDTH} (its backend graph's masks grow "
+                         "as width squared)")
+    if not 1 <= top_k <= DARTREE_MAX_TOP_K:
+        raise ValueError(f"DARTree top_k {top_k} is outside 1..{DARTREE_MAX_TOP_K}")
+    n_total = top_k * sum(dartree_rows(n_depth, top_k, width))
+    if n_total > DARTREE_MAX_NODES:
+        raise ValueError(f"a DARTree of {n_total} children (depth {n_depth}, top_k {top_k}, width {width}) is above "
+                         f"the backend's {DARTREE_MAX_NODES}")
+
+
+def weaver_dartree_graphs(w) -> int:
+    """How many DARTree graphs (one per shape) the Weaver keeps on its backend: at most ``DARTREE_GRAPHS``."""
+    _, h = lib()
+    return int(h.tfm_weaver_dartree_graphs(w))
