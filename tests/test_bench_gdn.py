@@ -10,6 +10,7 @@ from tfm_local.bench import gdn as gdn_bench
 from tfm_local.llama import native
 from tfm_local.testing import gdn_ops as tree_ops
 from tfm_local.bench import gdn_cli as bench_gdn
+from tfm_local.bench.provenance import problems
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -125,6 +126,7 @@ def test_cli_end_to_end_writes_json(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert {"command", "date", "device", "dims", "method", "cases", "bar", "iters"} <= set(doc)
     assert doc["device"] == "cpu" and doc["dims"]["heads_v"] == 4 and doc["bar"] is None
+    assert problems(doc["provenance"]) == []  # where it ran: commit, CPU, llama.cpp build
     assert [c["nodes"] for c in doc["cases"]] == [8, 24]
     for c in doc["cases"]:
         assert c["check"]["correct"] is True

@@ -12,6 +12,7 @@ from tfm_local.llama.model import gpu_available
 from tfm_local.decode.verify import Target
 
 from tfm_local.testing.synth import write_tiny_qwen35, write_tiny_target
+from tfm_local.bench.provenance import problems
 
 N_PROMPT = 40
 
@@ -32,6 +33,7 @@ def test_cli_end_to_end(target_path, tmp_path, capsys):
     assert doc["target"]["bytes"] == target_path.stat().st_size and doc["target"]["n_layer"] == 3
     assert (doc["ctx"], doc["threads"], doc["iters"], doc["warmup"]) == (N_PROMPT, 2, 2, 1)
     assert doc["feature_layers"] == [1, 2]  # spread over a 3-layer target, as a DFlash drafter's
+    assert problems(doc["provenance"], ["target"]) == []  # where it ran, the target's SHA-256
     ran = [v for v in pb.VARIANTS if v not in doc["skipped"]]
     assert set(ran) >= {"logits", "sample", "logits+argmax_host", "features", "last_row"}
     assert [(c["tokens"], c["variant"]) for c in doc["cases"]] == [(n, v) for n in (1, 4) for v in ran]
@@ -93,6 +95,7 @@ def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_pa
                      "--json", str(out)])
     doc = json.loads(out.read_text())
     assert [c["variant"] for c in doc["drafter_cases"]] == list(db.DRAFT_VARIANTS)
+    assert problems(doc["provenance"], ["target", "drafter"]) == []
     assert all(0 < c["min_ms"] <= c["median_ms"] for c in doc["drafter_cases"])
 
     prompt = list(range(3, 3 + N_PROMPT))

@@ -12,6 +12,7 @@ from tfm_local.testing import hybrid as sh
 from tfm_local.bench import verify_step as vs
 from tfm_local.bench import verify_step_cli as bench_verify_step
 from tfm_local.llama.model import Context, Model, gpu_available
+from tfm_local.bench.provenance import problems
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -96,6 +97,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["device"] == ("gpu" if gpu_available() else "cpu") and doc["vocab"] == 384 and doc["layers"] == 4
     assert doc["modes"] == ["tree", "branch", "chain"]
+    assert problems(doc["provenance"]) == []  # the model was generated (dims, seed) and deleted: not hashed
     assert [c["nodes"] for c in doc["cases"]] == [8, 24]
     for c in doc["cases"]:
         assert c["check"]["correct"] is True

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tfm_local.bench.provenance import problems
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +225,7 @@ def test_bench_modes_json(bench_run):
     assert doc["complete"] is True and "sets_done" not in doc
     assert "--modes" in doc["argv"] and "plain,chain,ddtree@4,auto" in doc["command"]
     assert isinstance(doc["machine"]["gpu"], bool) and doc["machine"]["threads"] >= 1
+    assert problems(doc["provenance"], ["target", "drafter"]) == []
     summary = {row["mode"]: row for row in doc["summary"]}
     assert [row["mode"] for row in doc["summary"]] == ["plain", "chain", "ddtree@4", "auto"]
     assert summary["ddtree@4"]["tree"] == "ddtree" and summary["ddtree@4"]["budget"] == 4
@@ -328,6 +330,7 @@ def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
     assert [(x["prompt_id"], x["n_steps"], x["n_step_tokens"]) for x in got["runs"]] == \
         [(x["prompt_id"], x["n_steps"], x["n_step_tokens"]) for x in chain]
     assert got["summary"][0]["set"] == "gsm8k" and "gsm8k" in r.stdout.splitlines()[1]
+    assert problems(got["provenance"], ["from", "target", "drafter"]) == []
     bad = run("tfm_local.bench.replay_cli", "--from", str(tmp_path / "none.json"), "--drafter", str(drafter))
     assert bad.returncode == 2 and "cannot use --from" in bad.stderr and "Traceback" not in bad.stderr
     bad = run("tfm_local.bench.replay_cli", "--from", str(out), "--drafter", str(drafter), "--sets", "humaneval")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from tfm_local.bench.provenance import problems
+
 
 def test_the_server_under_short_load(tiny_pair, tmp_path):
     from tfm_local.bench.load import main
@@ -17,6 +19,7 @@ def test_the_server_under_short_load(tiny_pair, tmp_path):
     assert rc == 0 and doc["ok"], doc
     assert doc["requests"] >= 40 and set(doc["by_kind"]) >= {"greedy", "malformed", "dropped"}
     assert not doc["server_errors"] and doc["n_failures"] == 0 and doc["server_exit"] == 0
+    assert problems(doc["provenance"], ["target", "drafter"]) == []
 
 
 def test_a_greedy_answer_that_differs_is_a_failure(tiny_pair):

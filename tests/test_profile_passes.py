@@ -9,6 +9,7 @@ pytest.importorskip("torch")
 from tfm_local.testing import synth  # noqa: E402
 
 from tfm_local.bench import profile_passes  # noqa: E402
+from tfm_local.bench.provenance import problems  # noqa: E402
 
 
 def test_profile_passes_on_the_cpu(tmp_path, monkeypatch):
@@ -17,7 +18,9 @@ def test_profile_passes_on_the_cpu(tmp_path, monkeypatch):
     out = tmp_path / "p.json"
     assert profile_passes.main(["--target", str(target), "--drafter", "random", "--tokens", "1,3", "--ctx", "32",
                      "--iters", "2", "--warmup", "1", "--threads", "1", "--cpu", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert problems(doc["provenance"], ["target", "drafter"]) == []
     assert [r["case"].split(" ", 1)[0] for r in rows] == ["target", "target", "drafter", "drafter"]
     assert [r["case"] for r in rows][2:] == ["drafter topk", "drafter step"]
     assert all(r["wall_ms"] > 0 and r["kernel_ms"] == 0 and r["kernels"] == 0 for r in rows)

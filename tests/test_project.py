@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from tfm_local.bench.provenance import problems
+
 
 def _row(set_, label, budget, tau, phases, speedup=1.0, sampling="greedy"):
     return dict(set=set_, label=label, mode=label, sampling=sampling, budget=budget, budget_max=budget,
@@ -42,9 +44,13 @@ def test_projection_joins_costs_and_tau(tmp_path, capsys):
     assert got[0]["measured"] == 1.2
     out = tmp_path / "p.json"
     assert main(["--costs", costs, "--tau", tau, "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+    cap = capsys.readouterr()
+    text = cap.out
     assert "PROJECTION" in text and "twin.json" in text and "real.json" in text  # both sources named
-    assert json.loads(out.read_text())["rows"] == got
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == got and problems(doc["provenance"], ["costs", "tau"]) == []
+    # the sources were written without provenance: said, and kept as None in the projection
+    assert "cannot say where it ran" in cap.err and doc["sources"] == {"costs": None, "tau": None}
     assert project(json.loads(open(costs).read()), json.loads(open(tau).read()), "t0.7") == []
 
 

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from tfm_local.bench.provenance import problems
+
 
 def test_state_problems_sees_a_cache_out_of_step(tiny_pair):
     from tfm_local.decode.sampling import SamplingParams
@@ -79,6 +81,7 @@ def test_a_short_soak_keeps_caches_consistent_and_memory_flat(tiny_pair, tmp_pat
                "--json", str(out)])
     doc = json.loads(out.read_text())
     assert rc == 0 and doc["ok"], doc
+    assert problems(doc["provenance"], ["target", "drafter"]) == []
     assert [(r["mode"], r["sampling"]) for r in doc["runs"]] == [("auto", "t=0.8"), ("ddtree@8", "t=0.8"),
                                                                  ("auto", "greedy"), ("ddtree@8", "greedy")]
     assert all(r["tokens"] == 500 and r["requests"] >= 8 and not r["problems"] for r in doc["runs"])

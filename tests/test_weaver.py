@@ -9,6 +9,7 @@ import torch
 from tfm_local.train.errors import TrainError
 from tfm_local.train.weaver import Weaver, WeaverConfig, accepted_prefix, candidate_loss, path_mask
 from tfm_local.train.weaver_fit import WeaverOptions, fit_weaver
+from tfm_local.bench.provenance import problems
 
 
 @pytest.fixture(autouse=True)
@@ -905,5 +906,7 @@ def test_tfm_bench_trees_refuses_bad_input_clearly(pair, tmp_path, capsys):
     w = export_weaver(res["checkpoint"], target, tmp_path / "export", ("f32",))["f32"]
     assert main(["--weaver", str(w), "--target", str(target), "--budgets", "8", "--drafts", "2", "--devices", "cpu",
                  "--threads", "1", "--json", str(tmp_path / "t.json")]) == 0
-    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    doc = json.loads((tmp_path / "t.json").read_text())
+    rows = doc["rows"]
     assert len(rows) == 1 and rows[0]["same"] == 2 and rows[0]["dartree_ms"] > 0
+    assert problems(doc["provenance"], ["weaver", "target"]) == []

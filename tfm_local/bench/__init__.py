@@ -19,4 +19,7 @@
 - ``upstream``        upstream llama.cpp's DFlash chain on the same prompts (``python -m``)
 - ``profile_passes``  per-kernel CUDA profile of target and drafter passes
 - ``tau_by_category`` MT-Bench τ per category of tfm-bench JSON files
+- ``provenance``      where a result came from, under ``"provenance"`` in every JSON above: commit and dirty
+                      flag, CPU (or GPU, driver, CUDA), the llama.cpp build (system_info, build key, CMake
+                      arguments) and the SHA-256 of each model file
 """

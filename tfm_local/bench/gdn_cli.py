@@ -28,6 +28,7 @@ from . import gdn as gdn_bench
 from ..llama import native
 from ..files.atomic import sha256_file
 from ..cli.common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
+from .provenance import provenance
 
 D_CONV_MAX = 16  # GGML_SSM_CONV_TREE_MAX_D_CONV (patch 0005): a larger kernel aborts in ggml_ssm_conv_tree
 BAR_NODES, BAR_SPEEDUP = 128, 7.0  # the target set for the ops (docs/gdn-tree.md): at 128 nodes the tree op >= 7x faster than per-branch
@@ -164,7 +165,7 @@ def main(argv=None) -> None:
                "threads": a.threads, "dims": asdict(dims), "iters": a.iters, "repeat": a.repeat, "rounds": a.rounds,
                "warmup": a.warmup, "seed": a.seed,
                **({"trees": os.path.abspath(a.trees), "trees_sha256": sha256_file(a.trees)} if a.trees else {}),
-               "method": METHOD, "bar": bar, "cases": cases}
+               "method": METHOD, "bar": bar, "cases": cases, "provenance": provenance({"trees": a.trees})}
         write_json(a.json, doc)
     if not all(c["check"]["correct"] for c in cases):
         print("some cases were not correct (not timed): see the check errors", file=sys.stderr)

@@ -232,8 +232,12 @@ def main(argv=None) -> int:
         print("failed:", f, file=sys.stderr)
     if a.json:
         from ..files.atomic import write_json
+        from .provenance import provenance
 
-        write_json(a.json, res)
+        # the files of a server started here (a spec or the default target is named, not hashed);
+        # with --url the server's files are its own (its /health or logs name them)
+        files = {} if a.url else {"target": a.target or "(tfm-serve's default target)", "drafter": a.drafter}
+        write_json(a.json, {**res, "url": a.url, "provenance": provenance(files)})
     return 0 if ok else 1
 
 

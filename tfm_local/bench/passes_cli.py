@@ -21,6 +21,7 @@ import numpy as np
 from . import drafts as db
 from . import passes as pb
 from ..cli.common import add_timing_args, device_name, fail, int_list, positive_int, run_record, write_json
+from .provenance import provenance
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -158,7 +159,7 @@ def main(argv=None) -> None:
                "ctx": a.ctx, "threads": threads, "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
                "tokens": a.tokens, "variants": a.variants, "feature_layers": layers, "method": pb.METHOD,
                "skipped": skipped, "cases": cases, "drafter": a.drafter, "drafter_method": db.DRAFT_METHOD,
-               "drafter_cases": draft_cases}
+               "drafter_cases": draft_cases, "provenance": provenance({"target": path, "drafter": drafter_path})}
         write_json(a.json, doc)
 
 

@@ -17,7 +17,6 @@ part of the decode path.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 
@@ -27,6 +26,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tfm_local.bench.drafts import DraftBench
+from tfm_local.bench.provenance import provenance
+from tfm_local.files.atomic import write_json
 from tfm_local.decode.draft import DFlashDrafter
 from tfm_local.files.drafters import draft_vocab_on, resolve_drafter
 from tfm_local.llama.model import gpu_available
@@ -89,10 +90,10 @@ def main(argv=None) -> int:
         tokens = [int(x) for x in rng.integers(0, target.model.n_vocab, n)]
         cases.append((f"target {variant} n={n}", lambda t=tokens: bench.time(variant, t, 0, a.iters),
                       lambda t=tokens: bench.time(variant, t, a.warmup, 1)))
-    drafter = None
+    drafter = drafter_path = None
     if a.drafter != "none":
-        drafter = DFlashDrafter(resolve_drafter(a.drafter, path, draft_vocab_on("auto", on_gpu)), target,
-                                n_threads=a.threads, n_gpu_layers=-1 if on_gpu else 0)
+        drafter_path = resolve_drafter(a.drafter, path, draft_vocab_on("auto", on_gpu))
+        drafter = DFlashDrafter(drafter_path, target, n_threads=a.threads, n_gpu_layers=-1 if on_gpu else 0)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu and torch.cuda.is_available() else [])
     rows = []
     try:
@@ -115,8 +116,8 @@ def main(argv=None) -> int:
         for name, ms in r["top"]:
             print(f"    {ms:7.3f} ms  {name}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"argv": sys.argv[1:], "gpu": on_gpu, "rows": rows}, f, indent=1)
+        write_json(a.json, {"argv": sys.argv[1:], "gpu": on_gpu, "rows": rows,
+                            "provenance": provenance({"target": path, "drafter": drafter_path})})
     return 0
 
 

@@ -108,11 +108,21 @@ def main(argv=None) -> int:
         print(f"{r['set']:10s} {r['mode']:14s} {r['tau']:6.2f} {r['step_ms']:8.2f} {r['plain_ms']:9.2f} "
               f"{r['projected']:9.2f}x {r['measured']:7.2f}x" + ("" if r["cost_set"] != "mean" else "  (costs: mean of sets)"))
     print("projected = tau x plain ms / step ms; 'tau src' = the τ source's own measured speed-up")
+    from .provenance import problems, provenance
+
+    for name, path, doc in (("costs", args.costs, costs), ("τ", args.tau, tau)):
+        lacks = problems(doc.get("provenance"))
+        if lacks:
+            print(f"tfm-bench-project: warning: the {name} source {path} cannot say where it ran "
+                  f"({'; '.join(lacks[:3])})", file=sys.stderr)
     if args.json:
         from ..files.atomic import write_json
 
+        # this run's provenance (its input files hashed) and the sources' own, where they ran
         write_json(args.json, dict(kind="projection", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                   costs=args.costs, tau=args.tau, sampling=args.sampling, rows=rows))
+                                   costs=args.costs, tau=args.tau, sampling=args.sampling, rows=rows,
+                                   sources={"costs": costs.get("provenance"), "tau": tau.get("provenance")},
+                                   provenance=provenance({"costs": args.costs, "tau": args.tau})))
     return 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .replay import replay_chain, sequence_features
 from ..cli.common import check_writable, fail, positive_int, run_record, write_json
+from .provenance import provenance
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,7 +65,7 @@ def main(argv=None) -> None:
     if not target:
         fail("--from names no target: give --target")
     from ..llama.model import LlamaError
-    from ..files.models import ModelError
+    from ..files.models import ModelError, resolve_model
 
     try:
         runs = replay_all(args, target, outputs, int(bench.get("max_tokens") or 256))
@@ -73,8 +74,11 @@ def main(argv=None) -> None:
     table = summarize(runs)
     print_table(table)
     if args.json:
+        files = {"from": args.bench, "target": resolve_model(target),
+                 "drafter": list(dict.fromkeys(r["file"] for r in runs))}
         write_json(args.json, {**run_record(argv), "from": args.bench, "target": target,
-                               "max_tokens": bench.get("max_tokens"), "summary": table, "runs": runs})
+                               "max_tokens": bench.get("max_tokens"), "summary": table, "runs": runs,
+                               "provenance": provenance(files)})
         print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -22,6 +22,7 @@ import sys
 import time
 
 from ..cli.common import add_engine_args, engine_from_args, fail
+from .provenance import provenance
 
 
 def rss_mb() -> float:
@@ -114,6 +115,7 @@ def main(argv=None) -> int:
                       f"{r['seconds']:8.1f} s  rss {r['rss_after_warmup_mb']:.0f} -> max {r['rss_max_mb']:.0f} MiB "
                       f"(+{r['growth_mb']:.1f})  problems {len(r['problems'])}", flush=True)
     finally:
+        files = {"target": engine.target.model.path, "drafter": engine.drafter.model.path if engine.drafter else None}
         engine.close()
     ok = all(not r["problems"] for r in warm) and all(
         not r["problems"] and r["growth_mb"] <= args.max_growth_mb for r in rows)
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
         from ..files.atomic import write_json
 
         write_json(args.json, dict(argv=sys.argv[1:], date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                   max_growth_mb=args.max_growth_mb, ok=ok, warmup=warm, runs=rows))
+                                   max_growth_mb=args.max_growth_mb, ok=ok, warmup=warm, runs=rows,
+                                   provenance=provenance(files)))
     for r in rows:
         for x in r["problems"][:5]:
             print(f"problem: {r['mode']} {r['sampling']}: {x}", file=sys.stderr)

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from ..cli.common import (add_engine_args, add_sampling_args, check_writable, engine_from_args, fail, run_record,
                           sampling_kwargs, write_json as write_common_json)
+from .provenance import provenance
 
 SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree", "lattice")
 DEFAULT_MODES = "plain,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@128,auto"
@@ -448,11 +449,18 @@ def machine_info(args, engine) -> dict:
                 gpu=bool(gpu_available() and not args.cpu))
 
 
+def vocab_file(args) -> str | None:
+    """The ``--draft-vocab`` .npy file, if one was given (not 'auto' or 'full')."""
+    v = getattr(args, "draft_vocab", "auto")
+    return None if v in ("auto", "full") else v
+
+
 def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None = None, samplings=()) -> None:
     """Write the bench JSON atomically: command, date, machine, models, sampling (the first setting's
     parameters, None = greedy), samplings (every setting: label and parameters), summary rows,
-    per-prompt runs, and with a Weaver the ms of a TfM tree (a DARTree when a mode is dartree@B) on each
-    device timed at load (``weaver_ms``, ``Engine.weaver_ms``: the faster device runs it).
+    per-prompt runs, where it ran and on which files (``provenance``), and with a Weaver the ms of a TfM
+    tree (a DARTree when a mode is dartree@B) on each device timed at load (``weaver_ms``,
+    ``Engine.weaver_ms``: the faster device runs it).
     With ``sets_done`` (after each prompt set but the last) the file is marked ``"complete": false`` and
     lists the finished sets, so that an interrupted run keeps them."""
     doc = dict(**run_record(argv), machine=machine_info(args, engine),
@@ -460,7 +468,10 @@ def write_json(args, table, runs, engine, argv=None, sets_done: list[str] | None
                else None, max_tokens=args.max_tokens, n_prompts=args.n_prompts, modes=args.modes,
                sampling=None if not samplings or samplings[0].sp.greedy else dataclasses.asdict(samplings[0].sp),
                samplings=[dict(label=s.label, **dataclasses.asdict(s.sp)) for s in samplings],
-               complete=sets_done is None, summary=table, runs=runs, written=time.time())
+               complete=sets_done is None, summary=table, runs=runs, written=time.time(),
+               provenance=provenance(dict(target=engine.target.model.path,
+                                          drafter=engine.drafter.model.path if engine.drafter else None,
+                                          weaver=getattr(args, "weaver", None), draft_vocab=vocab_file(args))))
     if getattr(engine, "weaver_ms", None):
         doc["weaver_ms"] = dict(engine.weaver_ms)
     if sets_done is not None:

@@ -120,9 +120,11 @@ def main(argv=None) -> int:
         print(f"{r['device']:6} {r['budget']:4d} {r['tfm_ms']:8.2f} {r['dartree_host_ms']:16.2f} {r['dartree_ms']:11.2f} "
               f"{r['dartree_over_tfm']:6.2f} {r['same']:3d}/{r['drafts']:<3d}")
     if a.json:
+        from tfm_local.bench.provenance import provenance
         from tfm_local.files.atomic import write_json
 
-        write_json(a.json, {"argv": sys.argv[1:], "weaver": a.weaver, "target": target, "rows": rows})
+        write_json(a.json, {"argv": sys.argv[1:], "weaver": a.weaver, "target": target, "rows": rows,
+                            "provenance": provenance({"weaver": a.weaver, "target": target})})
     return 0
 
 

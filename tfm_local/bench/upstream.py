@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from ..cli.common import write_json
+from .provenance import provenance
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 # lines may carry a log prefix ("0.03.256.937 I n_drafted = 1380") when the build logs with timestamps
@@ -108,8 +109,16 @@ def main(argv=None) -> None:
     print(f"{'set':10} {'mode':28} {'tokens':>7} {'tau':>6} {'tok/s':>8}")
     for t in table:
         print(f"{t['set']:10} {t['mode']:28} {t['n_generated']:7d} {t['tau']:6.2f} {t['tokens_per_s']:8.1f}")
+    write_result(args, table, runs)
+
+
+def write_result(args, table: list[dict], runs: list[dict]) -> None:
+    """The JSON: command, date, table, runs and provenance (this machine, upstream's program, the models);
+    the llama.cpp build recorded is the Python package's, not the program's (``binary`` is hashed)."""
     write_json(args.json, dict(argv=sys.argv, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               table=table, runs=runs))
+                               table=table, runs=runs,
+                               provenance=provenance({"binary": args.binary, "target": args.target,
+                                                      "drafter": args.drafter})))
 
 
 if __name__ == "__main__":

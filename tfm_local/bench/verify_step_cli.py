@@ -26,6 +26,7 @@ from . import verify_step as vs
 from ..llama.model import gpu_available
 from ..testing.hybrid import HybridShape, file_bytes, write_qwen35
 from ..cli.common import add_timing_args, device_name, int_list, positive_int, run_record, write_json
+from .provenance import provenance
 
 METHOD = ("tree = Target.verify over the N nodes (logits of all nodes to the host), commit = "
           "Target.commit of the deepest path; per-branch = each root-to-leaf path its own sequence (ids by "
@@ -117,7 +118,9 @@ def main(argv=None) -> None:
                "dims": asdict(shape) if shape else None, "layers": meta["model"]["n_layer"],
                "vocab": meta["model"]["n_vocab"], "dtype": a.dtype if shape else None, "write_s": write_s,
                "ctx": a.ctx, "threads": a.threads, "iters": a.iters, "warmup": a.warmup, "seed": a.seed,
-               "accept": a.accept, "tol": a.tol or vs.REL_TOL[device], "method": METHOD, "cases": cases}
+               "accept": a.accept, "tol": a.tol or vs.REL_TOL[device], "method": METHOD, "cases": cases,
+               # a model generated here and deleted is not hashed: dims, dtype and seed make it again
+               "provenance": provenance({"model": None if tmp is not None else path})}
         write_json(a.json, doc)
     if not all(c["check"]["correct"] for c in cases):
         print("some tree sizes were not correct (not timed): see the check errors", file=sys.stderr)
