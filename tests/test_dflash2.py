@@ -68,7 +68,7 @@ def test_a_smaller_selector_rank_is_asked_for(target):
     """``--selector-rank``: the codebooks' size lever; a fit asked for another rank than its drafter's
     is refused by name."""
     pytest.importorskip("torch")
-    from tfm_local.train.fit import drafter_config
+    from tfm_local.train.warmstart import drafter_config
     from tfm_local.train.warmstart import ShapeRequest
 
     assert dflash2_geometry(1536, 151936, rank=64)["selector_rank"] == 64

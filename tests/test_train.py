@@ -546,7 +546,8 @@ def _opts(steps):
 
 def test_fit_resume_after_a_crash_equals_uninterrupted_run(smoke, tmp_path, monkeypatch):
     from tfm_local.train import fit as fit_mod
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     config = drafter_config(target, 1, 64)
@@ -612,7 +613,8 @@ def test_fit_holdout_is_never_trained_and_is_scored(smoke, tmp_path, monkeypatch
     """With 3 held-out sequences: training batches never contain them, the log gets a held-out line every
     eval_every steps and at the end, and resuming with another holdout is refused."""
     from tfm_local.train import fit as fit_mod
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     opts = FitOptions(**{**_opts(7).__dict__, "holdout": 3, "eval_every": 3})
@@ -651,7 +653,8 @@ def test_fit_emphasis_repeats_named_training_sequences_never_held_out_ones(smoke
     from tfm_local.train import fit as fit_mod
     from tfm_local.train.corpus import read_manifest
     from tfm_local.train.emphasis import save_emphasis
-    from tfm_local.train.fit import drafter_config, fit, prompt_order
+    from tfm_local.train.fit import fit, prompt_order
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     seqs = _sequences_of(corpus)
@@ -690,7 +693,8 @@ def test_fit_on_several_corpora(smoke, tmp_path):
     resuming with one of them is refused."""
     import shutil
 
-    from tfm_local.train.fit import drafter_config, fit, load_corpora
+    from tfm_local.train.fit import fit, load_corpora
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     other = shutil.copytree(corpus, tmp_path / "other")
@@ -720,7 +724,8 @@ def _sequences_of(corpus):
 def test_time_budget_shortens_the_schedule(smoke, tmp_path, monkeypatch):
     """With a fake clock of 1 s per step and a 60 s budget, the fit stops near 0.97 × 60 steps."""
     from tfm_local.train import fit as fit_mod
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     _fake_clock(monkeypatch, fit_mod, lambda n: 1.0)
@@ -751,7 +756,8 @@ def test_time_budget_follows_a_step_time_that_changes(smoke, tmp_path, monkeypat
     A single estimate from the first steps would stop after ~130 steps (62% of the budget).
     """
     from tfm_local.train import fit as fit_mod
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     _fake_clock(monkeypatch, fit_mod, lambda n: 3.0 if n < 60 else 1.0)
@@ -813,7 +819,8 @@ def _log_of(run):
 def test_steps_of_two_processes_split_the_batches_of_single_steps(smoke, tmp_path):
     """An epoch of 15 plan batches in steps of 2: 8 steps, the last of one batch (rank 1 gets none); rank r takes
     the r-th batch of a step, and the ranks' batches, anchors included, are those of one batch a step, in order."""
-    from tfm_local.train.fit import _Run, drafter_config
+    from tfm_local.train.fit import _Run
+    from tfm_local.train.warmstart import drafter_config
     from tfm_local.train.parallel import Comm
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
@@ -835,7 +842,8 @@ def test_steps_of_two_processes_split_the_batches_of_single_steps(smoke, tmp_pat
 def test_fit_in_two_processes_equals_one_process_averaging_two_batches(smoke, dp_run, tmp_path):
     """9 steps in 2 processes (step 8 has one batch: rank 1 adds zero gradients) give the weights, losses and
     held-out numbers of one process that averages the gradients of the same 2 batches a step (accumulate=2)."""
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     run, _, _ = dp_run
@@ -882,7 +890,8 @@ def test_resuming_a_two_process_checkpoint_in_one_process_is_refused(smoke, dp_r
     command; one process taking 2 batches a step (accumulate=2) takes the same steps and may resume it."""
     import shutil
 
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
 
     target, corpus = smoke.paths["target"], smoke.paths["checkpoint"].parents[1] / "corpus"
     run = shutil.copytree(dp_run[0], tmp_path / "run")

@@ -102,7 +102,8 @@ def test_fit_weighs_reference_sequences_by_the_target_distribution(tmp_path, mon
     them even when --soft-weight is 0; a reference corpus given last (held-out source) is refused."""
     from tfm_local.train import fit as fit_mod
     from tfm_local.train import recipe
-    from tfm_local.train.fit import drafter_config, fit, load_corpora
+    from tfm_local.train.fit import fit, load_corpora
+    from tfm_local.train.warmstart import drafter_config
 
     target = synth.write_tiny_target(tmp_path / "t.gguf")
     pf, _ = _reference_corpus(tmp_path, target, n=40)

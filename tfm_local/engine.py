@@ -257,7 +257,7 @@ class Engine:
 
     def _load_weaver(self, path, target_path, on_gpu: bool, n_threads):
         """The ``TfmDrafter`` of a Weaver GGUF for this target and drafter. Raises ValueError when its
-        sizes do not fit them (another target or drafter), ConvertError for an unreadable file."""
+        sizes do not fit them (another target or drafter), GGUFError for an unreadable file."""
         from .decode.weaver import TargetEmbeddings, TfmDrafter, fastest_weaver
         from .files.drafters import file_key
 

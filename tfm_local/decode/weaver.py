@@ -1,5 +1,5 @@
 """The Weaver at run time (Trees from Marginals, arXiv 2607.06763): a Weaver GGUF
-(``tfm_convert.weaver_gguf``) computed on the ggml backend through our C API (``tfm_weaver_q``), and the
+(``tfm_local.files.weaver``) computed on the ggml backend through our C API (``tfm_weaver_q``), and the
 candidates' scores from its codes table on the host.
 
 One call scores the candidates of the next depth for a batch of paths (a round of the w-wide heap):
@@ -18,6 +18,8 @@ import weakref
 
 import numpy as np
 
+from ..files.gguf_meta import GGUFError, read_gguf_meta
+from ..files.weaver import read_weaver_codes
 from ..llama import native
 from .tree import Tree, build_dartree, build_tfm, dartree_from_rounds
 
@@ -32,12 +34,10 @@ class Weaver:
         shape: its sizes (``WeaverConfig`` names). codes: float32 ``[n_vocab, rank]`` (host). device: as given.
         identity: the pair it was trained for (``WeaverFile.identity``).
     Raises:
-        tfm_convert.ConvertError: not a readable Weaver GGUF. NativeError: the backend cannot load it.
+        GGUFError: not a readable Weaver GGUF. NativeError: the backend cannot load it.
     """
 
     def __init__(self, path: str | os.PathLike, device: str = "cpu", n_threads: int | None = None):
-        from tfm_convert.weaver_gguf import read_weaver_codes
-
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         self.codes, self.identity = read_weaver_codes(path)
@@ -137,23 +137,18 @@ class TargetEmbeddings:
     memory-mapped GGUF and kept: a Weaver step is the target's embedding of its token.
 
     Raises:
-        tfm_convert.ConvertError: an unreadable GGUF or one without ``token_embd.weight``.
+        GGUFError: an unreadable GGUF or one without ``token_embd.weight``.
     """
 
     def __init__(self, target: str | os.PathLike):
         import mmap
 
         import gguf
-        from tfm_convert.errors import ConvertError
-        from tfm_local.files.gguf_meta import GGUFError, read_gguf_meta
 
-        try:
-            meta = read_gguf_meta(target)
-        except GGUFError as e:
-            raise ConvertError(str(e)) from None
+        meta = read_gguf_meta(target)
         e = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
         if e is None:
-            raise ConvertError(f"{target} has no token_embd.weight")
+            raise GGUFError(f"{target} has no token_embd.weight")
         self.path = str(target)
         self.n_embd, self.n_vocab = int(e.ne[0]), int(e.ne[1])
         self._qt = gguf.GGMLQuantizationType(e.ggml_type)
@@ -283,7 +278,7 @@ def fastest_weaver(path: str | os.PathLike, devices: tuple[str, ...], n_threads:
     H200 (docs/gpu.md). The others are closed; a device that cannot load it is skipped.
 
     Raises:
-        ValueError: no device given. tfm_convert.ConvertError / NativeError: as ``Weaver``, when no device
+        ValueError: no device given. GGUFError / NativeError: as ``Weaver``, when no device
         can load it.
     """
     if not devices:

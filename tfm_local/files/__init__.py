@@ -7,10 +7,11 @@
 - ``paths``     tfm-local's cache folder (``$TFM_CACHE``)
 - ``gguf_meta`` fast reader of a GGUF's metadata and tensor table (GGUFError)
 - ``dflash``    the DFlash drafter's format: ``DFlashConfig`` and its tensors (names, shapes)
+- ``weaver``    the Weaver's GGUF format: its metadata keys, tensor names and reader
 - ``atomic``    files that appear only when complete (``atomic_output``, ``write_json``, ``write_text``;
                 OutputPathError), and ``sha256_file``
 
-``gguf_meta``, ``dflash`` and ``atomic`` are shared with the trainer (``tfm_local.train``) and the
-converter (``tfm_convert``), which import them from here; nothing here imports ``tfm_convert`` at
-import time.
+``gguf_meta``, ``dflash``, ``weaver`` and ``atomic`` are shared with the trainer (``tfm_local.train``)
+and the converter (``tfm_convert``), which import them from here; nothing here imports ``tfm_convert``
+at import time.
 """

@@ -52,7 +52,7 @@ def _file_key(path: Path) -> str:
 
 def file_key(path: str | os.PathLike) -> str:
     """The cheap identity of a model file (``_file_key``: size and the hash of its first and last MiB);
-    a Weaver GGUF records its target's (``tfm_convert.weaver_gguf``)."""
+    a Weaver GGUF records its target's (``weaver``)."""
     return _file_key(Path(path))
 
 
@@ -156,13 +156,13 @@ def apply_draft_vocab(source: Path, drafter: Path, target: Path, mode: str | os.
     ids = draft_vocab_file(source) if str(mode) == "auto" else Path(mode)
     if ids is None:
         return drafter
-    from tfm_convert.draft_vocab import draft_vocab_size, load_draft_ids, reduce_drafter
-
     ids_key = hashlib.sha256(ids.read_bytes()).hexdigest()[:12]
     stem = drafter.name.removesuffix(".gguf")
     out = cache_dir() / "drafters" / f"{stem}-{_file_key(drafter)[:8]}-dv{ids_key}-for-{_file_key(target)[:8]}.gguf"
     if out.exists():
         return out
+    from tfm_convert.draft_vocab import draft_vocab_size, load_draft_ids, reduce_drafter
+
     if str(mode) == "auto" and draft_vocab_size(drafter) is not None:
         return drafter
     out.parent.mkdir(parents=True, exist_ok=True)

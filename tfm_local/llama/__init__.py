@@ -6,6 +6,6 @@
                 tree commit, the backend top-K / argmax attachment; and of the op test/bench harness
                 (``ggml_ops/src/tfm-op-harness.h``)
 - ``probe``     a model file loaded once in a child process first, so that a file llama.cpp would abort
-                on ends in a clear error (remembered per file)
+                on ends in a clear error (remembered per file); ``probe_child`` is the child's side
 - ``tokenizer`` tokenizer, streaming detokenizer and the model's chat template
 """

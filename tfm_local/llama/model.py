@@ -14,6 +14,7 @@ import llama_cpp as lc
 import numpy as np
 
 from . import native
+from .probe import passed, probe_model
 
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8, "bf16": 30}
 
@@ -109,8 +110,6 @@ def _check_file(path: Path) -> None:
     headers on its own and may know types the ``gguf`` package does not), then a load in a child
     process (``probe.probe_model``, once per file). A file that passed both before is not read again."""
     from ..files.gguf_meta import GGUFError, check_hparams, read_gguf_meta
-
-    from .probe import passed, probe_model
 
     if passed(path):
         return

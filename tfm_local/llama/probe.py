@@ -5,7 +5,7 @@ llama.cpp refuses most damaged GGUF files with an error, but some values make it
 a token string twice in the vocabulary, a state size that does not fit the tensors of a hybrid). The
 cheap checks in ``gguf_meta.check_hparams`` catch the common ones with a precise message; this probe
 catches the rest: ``probe_model(path)`` loads the file on the CPU in a child process (``python -m
-tfm_local.llama.probe PATH``), builds a small context and decodes two tokens (not for a DFlash
+tfm_local.llama.probe_child PATH``), builds a small context and decodes two tokens (not for a DFlash
 drafter, whose graph needs its target: it is loaded only). A child that dies (a signal, an abort) or
 hangs means the file would have taken the engine down: ``GGUFError`` naming the file, with
 llama.cpp's last words. A child that ends cleanly, or with llama.cpp's ordinary refusal (the in-process
@@ -27,7 +27,8 @@ from ..files.gguf_meta import GGUFError
 
 #: seconds the child may take; a 7B target loads and decodes two tokens on a CPU in well under this
 TIMEOUT = 300.0
-_OK = "tfm-probe-ok"
+#: what a child that loaded the file prints last (``probe_child``)
+OK = "tfm-probe-ok"
 
 
 def _key(path: Path) -> str:
@@ -88,12 +89,12 @@ def probe_model(path: str | os.PathLike, timeout: float = TIMEOUT) -> None:
         return
     env = dict(os.environ, TFM_THREADS="1", TFM_VERBOSE="1", TFM_PROBE="0", CUDA_VISIBLE_DEVICES="")
     try:
-        r = subprocess.run([sys.executable, "-m", "tfm_local.llama.probe", str(path)], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "tfm_local.llama.probe_child", str(path)], capture_output=True,
                            text=True, errors="replace", timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise GGUFError(f"{path}: loading it did not finish within {timeout:.0f} s in a test process "
                         "(a damaged or unsupported GGUF)") from None
-    if _OK in r.stdout:
+    if OK in r.stdout:
         _remember(key)
         return
     if r.returncode >= 0 and r.returncode != 0 and "LlamaError" in r.stderr:
@@ -102,24 +103,3 @@ def probe_model(path: str | os.PathLike, timeout: float = TIMEOUT) -> None:
     why = next((x for x in reversed(last) if "GGML_ASSERT" in x or "error" in x.lower()), last[-1] if last else "")
     raise GGUFError(f"{path}: llama.cpp aborts on this file (exit {r.returncode}: {why[:300]}); "
                     "a damaged or unsupported GGUF")
-
-
-def _child(path: str) -> int:
-    from .model import Context, Model
-
-    m = Model(path, n_gpu_layers=0)
-    try:
-        if m.arch != "dflash":
-            ctx = Context(m, n_ctx=32, n_batch=8, n_ubatch=8, n_threads=1)
-            try:
-                ctx.decode_tokens([0, min(1, m.n_vocab - 1)], 0, "last")
-            finally:
-                ctx.close()
-    finally:
-        m.close()
-    print(_OK, flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))

@@ -20,6 +20,7 @@ summarised in docs/design.md §5. The pieces, one module each:
 * ``export``       z-lab Hugging Face layout and GGUF (through tfm_convert).
 * ``checks``       feature cosine against llama.cpp; drafter parity against llama.cpp.
 * ``weaver``       the Weaver (Trees from Marginals): re-scores the drafter's top-K candidates along a path.
+* ``weaver_batch`` its inputs from a batch (target and drafter frozen), for training and evaluation.
 * ``weaver_fit``   ``tfm-train weaver``: its training with target and drafter frozen (resumable).
 * ``weaver_eval``  held-out τ of the chain, DDTree and TfM trees (teacher-forced, greedy).
 * ``smoke``        the whole pipeline on a tiny synthetic target, on the CPU.

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files.atomic import atomic_output
+from ..files.dflash import DFlashConfig
 from .errors import CorruptArtifactError
 
 FORMAT = "tfm-train-ckpt-v1"
@@ -51,3 +52,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CorruptArtifactError(f"{path} is not a tfm-train checkpoint ({FORMAT})")
     return state
+
+
+def config_from_dict(d: dict) -> DFlashConfig:
+    """Inverse of ``dataclasses.asdict`` for a DFlashConfig (a checkpoint's ``config``)."""
+    return DFlashConfig(**{**d, "target_layer_ids": tuple(d["target_layer_ids"])})

@@ -102,8 +102,7 @@ def load_torch_drafter(path: str | os.PathLike):
     """A ``DFlashDraft`` from a training checkpoint file or a z-lab layout folder (float32, CPU)."""
     from tfm_convert.zlab import index_tensors, read_config
 
-    from .checkpoint import load_checkpoint
-    from .fit import config_from_dict
+    from .checkpoint import config_from_dict, load_checkpoint
     from .model import DFlashDraft
 
     path = Path(path)

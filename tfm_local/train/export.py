@@ -14,8 +14,7 @@ from pathlib import Path
 from tfm_convert.pipeline import convert_checkpoint
 from tfm_convert.zlab import write_checkpoint
 
-from .checkpoint import load_checkpoint
-from .fit import config_from_dict
+from .checkpoint import config_from_dict, load_checkpoint
 
 
 def export_hf(checkpoint: str | os.PathLike, folder: str | os.PathLike) -> Path:

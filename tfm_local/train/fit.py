@@ -26,13 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tfm_convert.random_init import random_config
-from tfm_convert.target_info import read_target_info
-
 from ..files.atomic import sha256_file
 from ..files.dflash import DFlashConfig
 from .batching import make_batch, plan_batches, usable
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 from .corpus import corpus_id, is_reference, load_corpus, order_key, read_manifest, target_identity
 from .errors import TrainError
 from .emphasis import emphasise
@@ -44,18 +41,6 @@ from .timebudget import TimeBudget
 from .warmstart import ShapeRequest, grow_layers, load_init_source, load_source
 
 CKPT = "checkpoint.pt"
-
-
-def drafter_config(target: str | os.PathLike, layers: int, ffn: int | None, n_target_layers: int = 5,
-                   mask_token: int | None = None) -> DFlashConfig:
-    """A fresh drafter config for ``target`` (tfm_convert's geometry: heads, 5 spread layers, mask token)."""
-    return random_config(read_target_info(target), layers=layers, ffn=ffn, n_target_layers=n_target_layers,
-                         mask_token=mask_token)
-
-
-def config_from_dict(d: dict) -> DFlashConfig:
-    """Inverse of ``dataclasses.asdict`` for a DFlashConfig."""
-    return DFlashConfig(**{**d, "target_layer_ids": tuple(d["target_layer_ids"])})
 
 
 def _fixed(options: dict) -> dict:
@@ -291,7 +276,7 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
             target: the target GGUF that generated it.
         out: run folder: ``checkpoint.pt``, ``log.jsonl``.
         opts: FitOptions. config: drafter config for a new run (default: from
-            ``shape``, see ``drafter_config``); a resumed or warm-started run
+            ``shape``, see ``warmstart.drafter_config``); a resumed or warm-started run
             keeps its own (a different ``config`` given then is an error).
         device: "cuda" or "cpu"; under torchrun "cuda" is each process's ``cuda:LOCAL_RANK``.
             restart: discard an existing checkpoint.

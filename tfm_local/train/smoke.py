@@ -80,8 +80,9 @@ def run_smoke(workdir: str | os.PathLike, steps: int = 150, progress: bool = Fal
 def _run(wd: Path, steps: int, progress: bool, conversations) -> SmokeResult:
     from .checks import drafter_parity, load_torch_drafter
     from .export import export
-    from .fit import drafter_config, fit
+    from .fit import fit
     from .recipe import FitOptions
+    from .warmstart import drafter_config
 
     target = _synth().write_tiny_target(wd / "target.gguf", **TINY)
     manifest = make_corpus(target, wd / "corpus", conversations=conversations, progress=progress)

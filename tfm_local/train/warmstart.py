@@ -8,6 +8,9 @@ start, not the weights it was quantized from). Only its config and weights are t
 a fresh optimiser and learning-rate schedule. The source is identified by
 its path and the sha256 of its weight file(s), recorded in the new run's
 checkpoint and log.
+
+A run that starts from no drafter gets a fresh config: ``drafter_config`` (the converter's geometry),
+with the shape options the user gave (``ShapeRequest``).
 """
 from __future__ import annotations
 
@@ -20,8 +23,11 @@ from pathlib import Path
 import torch
 
 from tfm_convert.errors import ConvertError
+from tfm_convert.random_init import random_config
+from tfm_convert.target_info import read_target_info
 
 from ..files.dflash import DFlashConfig, expected_shapes
+from .checkpoint import config_from_dict, load_checkpoint
 from .errors import TrainError
 
 
@@ -84,9 +90,6 @@ def _load_zlab(folder: Path) -> InitSource:
 
 
 def _load_checkpoint(path: Path) -> InitSource:
-    from .checkpoint import load_checkpoint
-    from .fit import config_from_dict
-
     ck = load_checkpoint(path)
     try:
         config, state = config_from_dict(ck["config"]), ck["model"]
@@ -131,8 +134,6 @@ def load_init_source(path: str | os.PathLike, target: str | os.PathLike | None =
     try:
         info = None
         if target is not None:
-            from tfm_convert.target_info import read_target_info
-
             info = read_target_info(target)
         if path.is_dir():
             src = _load_zlab(path)
@@ -188,6 +189,13 @@ def load_source(model: torch.nn.Module, src: InitSource) -> None:
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
+def drafter_config(target: str | os.PathLike, layers: int, ffn: int | None, n_target_layers: int = 5,
+                   mask_token: int | None = None) -> DFlashConfig:
+    """A fresh drafter config for ``target`` (tfm_convert's geometry: heads, 5 spread layers, mask token)."""
+    return random_config(read_target_info(target), layers=layers, ffn=ffn, n_target_layers=n_target_layers,
+                         mask_token=mask_token)
+
+
 @dataclass(frozen=True)
 class ShapeRequest:
     """Drafter-shape options the user gave explicitly (None = not given), checked against a config."""
@@ -202,8 +210,6 @@ class ShapeRequest:
     def new_config(self, target: str | os.PathLike) -> DFlashConfig:
         """A fresh drafter config for ``target``: the given options, else 5 layers, 3 × hidden MLP, 5 target
         layers; DFlash2 (``random_init.dflash2_geometry``) when asked."""
-        from .fit import drafter_config
-
         config = drafter_config(target, 5 if self.layers is None else self.layers, self.ffn,
                                 5 if self.target_layers is None else self.target_layers, self.mask_token)
         return self.upgrade(config)

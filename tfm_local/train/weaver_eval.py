@@ -24,7 +24,7 @@ import torch
 from ..decode.tree import DartreeGrowth, TfmHeap, build_ddtree, dartree_select
 from .batching import IGNORE
 from .weaver import Weaver
-from .weaver_fit import WeaverInputs
+from .weaver_batch import WeaverInputs, heldout_batches, weaver_inputs
 
 
 def accepted_length(parents: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> int:
@@ -138,7 +138,6 @@ def compare_trees(weaver: Weaver, target, drafter, seqs, opts, budgets=(16, 32, 
     "dartree@B", ...}``; ``width`` None = ⌈B/16⌉ per budget (the paper's). At the largest budget DARTree is
     swept: W in ``DARTREE_WIDTHS`` ("dartree@B/wW") and K in ``DARTREE_KS`` below the Weaver's ("dartree@B/kK")."""
     from .weaver import accepted_prefix, candidate_loss
-    from .weaver_fit import heldout_batches, weaver_inputs
 
     acc: dict[str, list] = {}
     for batch in heldout_batches(seqs, opts, drafter, next(weaver.parameters()).device):

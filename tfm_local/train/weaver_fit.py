@@ -23,14 +23,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .batching import IGNORE, Batch, make_batch, plan_batches, usable
+from .batching import IGNORE, make_batch, plan_batches, usable
 from .checkpoint import load_checkpoint, save_checkpoint
 from .corpus import target_identity
 from .errors import CorruptArtifactError, TrainError
-from .model import DFlashDraft, block_mask
+from .model import DFlashDraft
 from .recipe import lr_factor
 from .timebudget import TimeBudget
 from .weaver import Weaver, WeaverConfig, accepted_prefix, candidate_loss
+from .weaver_batch import WeaverInputs, heldout_batches, weaver_inputs
+from .weaver_eval import compare_trees
 
 CKPT = "weaver.pt"
 
@@ -71,75 +73,6 @@ class WeaverOptions:
     shape: dict = field(default_factory=dict)
     trees: tuple = (16, 32, 64)
     time_budget_s: float | None = None
-
-
-@dataclass
-class WeaverInputs:
-    """One batch's Weaver inputs (N drafts of D positions, K candidates; on the target's device).
-
-    Attributes:
-        h_target ``[N, H_t]``, h_drafter ``[N, D, H_d]``, step_emb ``[N, D, H_t]`` float32;
-        cand int64 ``[N, D, K]``, cand_logit and cand_logp float32 ``[N, D, K]`` (the drafter's top-K,
-        best first: logits, and log-probabilities over the whole vocabulary); head ``[n_vocab, H_t]``
-        the target's LM head (``head_rows``: the candidates' rows); labels int64 ``[N, D]`` (``IGNORE``
-        past a sequence's end); root int64 ``[N]`` the anchor's token (step 0).
-    """
-
-    h_target: torch.Tensor
-    h_drafter: torch.Tensor
-    step_emb: torch.Tensor
-    cand: torch.Tensor
-    cand_logit: torch.Tensor
-    head: torch.Tensor
-    labels: torch.Tensor
-    cand_logp: torch.Tensor
-    root: torch.Tensor
-
-    @property
-    def head_rows(self) -> torch.Tensor:
-        """``[N, D, K, H_t]`` float32: the candidates' LM-head rows."""
-        return self.head[self.cand].float()
-
-    def codes(self, weaver: Weaver) -> torch.Tensor:
-        """The candidates' codes ``[N, D, K, r]`` (with gradients into P): through the whole head's table
-        when there are more candidates than vocabulary rows (less memory and work), else row by row."""
-        if self.cand.numel() > self.head.shape[0]:
-            return weaver.codes(self.head.float())[self.cand]
-        return weaver.codes(self.head_rows)
-
-
-@torch.no_grad()
-def weaver_inputs(target, drafter: DFlashDraft, batch: Batch, top_k: int) -> WeaverInputs:
-    """The Weaver's inputs of every valid anchor of ``batch`` (module doc): the target's final hidden
-    state before the anchor's token, the drafter's block pass, its top-``top_k`` candidates per
-    position and the teacher-forced path (the anchor token, then the target's tokens)."""
-    B, L = batch.ids.shape
-    S = drafter.config.block_size
-    A = batch.anchors.shape[1]
-    feats, final = target.layer_inputs_and_final(batch.ids, drafter.feature_layers)
-    noise = target.embed(batch.noise).float()
-    h = drafter(feats.float(), torch.arange(L, device=batch.ids.device), noise, batch.noise_pos,
-                block_mask(batch.anchors, L, S)).view(B, A, S, -1)
-    bi, ai = batch.anchor_ok.nonzero(as_tuple=True)
-    anchors = batch.anchors[bi, ai]
-    h_drafter = h[bi, ai, 1:].float()                                    # [N, D, H_d]
-    k = min(top_k, target.head.shape[0])
-    parts = []  # per chunk of drafts: the top-k logits, their ids and the log-normaliser (full logits never kept)
-    for c in h_drafter.split(64):
-        logits = target.lm_head(c).float()
-        parts.append((*logits.topk(k, -1), torch.logsumexp(logits, -1, keepdim=True)))
-    if parts:
-        cand_logit, cand, lse = (torch.cat(t) for t in zip(*parts))
-    else:
-        cand_logit = h_drafter.new_zeros(0, S - 1, k)
-        cand, lse = cand_logit.long(), cand_logit[..., :1]
-    cand_logp = cand_logit - lse
-    labels = batch.labels.view(B, A, S)[bi, ai, 1:]
-    root = batch.noise.view(B, A, S)[bi, ai, 0]
-    path = torch.where(labels[:, :-1] == IGNORE, torch.zeros_like(labels[:, :-1]), labels[:, :-1])
-    steps = torch.cat([root[:, None], path], 1)
-    return WeaverInputs(final[bi, anchors - 1].float(), h_drafter, target.embed(steps).float(), cand, cand_logit,
-                        target.head, labels, cand_logp, root)
 
 
 def weaver_step_loss(weaver: Weaver, x: WeaverInputs) -> dict:
@@ -305,8 +238,6 @@ def fit_weaver(corpus, target: str | os.PathLike, drafter: str | os.PathLike, ou
         result["eval"] = evaluate_weaver(weaver, tgt, dft, heldout, opts)
         log("[weaver] held out: " + " ".join(f"{k} {v:.4g}" for k, v in result["eval"].items()))
         if opts.trees:
-            from .weaver_eval import compare_trees
-
             result["trees"] = compare_trees(weaver, tgt, dft, heldout, opts, tuple(opts.trees))
             log("[weaver] held-out τ: " + " ".join(f"{k} {v:.3f}" for k, v in result["trees"].items()))
     return result
@@ -320,15 +251,6 @@ def evaluate_weaver(weaver: Weaver, target, drafter: DFlashDraft, seqs, opts: We
     for batch in heldout_batches(seqs, opts, drafter, next(weaver.parameters()).device):
         agg.add(weaver_step_loss(weaver, weaver_inputs(target, drafter, batch, weaver.config.top_k)))
     return agg.summary()
-
-
-def heldout_batches(seqs, opts: WeaverOptions, drafter: DFlashDraft, device):
-    """The held-out sequences' batches with anchors drawn once (``heldout.eval_batches``, seed 0), on ``device``."""
-    from .heldout import eval_batches
-
-    dc = drafter.config
-    for b in eval_batches(seqs, opts.anchors, dc.block_size, dc.mask_token_id, opts.max_len, opts.batch_tokens, 0):
-        yield b.to(device)
 
 
 class _Totals:
