@@ -64,3 +64,19 @@ def test_shipped_drafters_are_where_the_resolver_looks():
     from tfm_local.files.drafters import ASSETS, SHIPPED
 
     assert SHIPPED and all((ASSETS / name).is_file() for name in SHIPPED.values()), (ASSETS, SHIPPED)
+
+
+def test_engine_and_step_compare_no_draft_method_names():
+    """The engine and the step hold a drafting method object (``decode.methods``): neither compares a
+    value with a method's name or tests it against a list of names (the factory parses the option once)."""
+    from tfm_local.decode.methods import TREE_SHAPES
+
+    def names(node) -> list[str]:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [e.value for e in elts if isinstance(e, ast.Constant) and e.value in TREE_SHAPES] + \
+               [e.id for e in elts if isinstance(e, ast.Name) and e.id.endswith("_SHAPES")]
+
+    hits = [f"{rel}:{node.lineno}" for rel in ("tfm_local/engine.py", "tfm_local/decode/step.py")
+            for node in ast.walk(ast.parse((ROOT / rel).read_text()))
+            if isinstance(node, ast.Compare) and any(names(x) for x in [node.left, *node.comparators])]
+    assert not hits, hits

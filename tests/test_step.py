@@ -12,9 +12,10 @@ import pytest
 
 from tfm_local.decode.budget import AutoBudget
 from tfm_local.decode.draft import DFlashDrafter
+from tfm_local.decode.methods import make_method
 from tfm_local.decode.sampling import SamplingParams, TokenChooser
 from tfm_local.decode.stats import PHASES, GenerationStats
-from tfm_local.decode.step import DraftShape, StepRecord, draft_limit, run_step
+from tfm_local.decode.step import StepRecord, draft_limit, run_step
 from tfm_local.decode.verify import Target
 from tfm_local.testing.synth import write_tiny_target
 
@@ -96,7 +97,7 @@ def _pair(paths):
 def test_run_step_records_what_it_did(paths, tree):
     tgt, dft, last = _pair(paths)
     pos = tgt.n_past
-    rec = run_step(tgt, dft, DraftShape(tree, top_k=4, width=2), 5, None, last, 100, GREEDY, False)
+    rec = run_step(tgt, dft, make_method(tree, top_k=4, width=2), 5, None, last, 100, GREEDY, False)
     assert isinstance(rec, StepRecord) and rec.speculative and rec.budget == 5
     assert rec.pos == pos and rec.n_nodes == 6 and 1 <= len(rec.tokens) <= 6
     assert tgt.n_past == pos + len(rec.tokens) and rec.n_accepted == len(rec.tokens) - 1
@@ -110,13 +111,13 @@ def test_run_step_records_what_it_did(paths, tree):
 
 def test_plain_step_and_what_consumes_records(paths):
     tgt, dft, last = _pair(paths)
-    plain = run_step(tgt, dft, DraftShape(), 0, None, last, 100, GREEDY, False)  # budget 0: a plain step
+    plain = run_step(tgt, dft, make_method(), 0, None, last, 100, GREEDY, False)  # budget 0: a plain step
     assert dft.n_injected + len(dft._pending) == tgt.n_past  # its row waits for the next draft
     assert not plain.speculative and plain.n_nodes == 1 and len(plain.tokens) == 1 and plain.budget == 0
     auto = AutoBudget()
     auto.observe(plain)
     assert auto.costs.known(1) and auto.curve is None
-    spec = run_step(tgt, dft, DraftShape("ddtree", top_k=4), 15, auto, plain.tokens[0], 100, GREEDY, False)
+    spec = run_step(tgt, dft, make_method("ddtree", top_k=4), 15, auto, plain.tokens[0], 100, GREEDY, False)
     assert spec.speculative and spec.curve is not None  # the first auto step is a probe of one token
     auto.observe(spec)
     assert auto.curve is not None and auto.draft_s == pytest.approx(spec.t_draft - spec.t_sync)

@@ -16,16 +16,13 @@ from .decode.budget import AutoBudget, PassCosts
 from .decode.draft import DFlashDrafter
 from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
-from .decode.step import TREE_SHAPES, WEAVER_SHAPES, DraftShape, run_step, set_capture
+from .decode.methods import DraftMethod, check_method_options, make_method
+from .decode.step import run_step, set_capture
 from .decode.verify import Target
 from .decode.warmup import warm_up
 from .llama.tokenizer import StreamDecoder, encode_chat
 from .stops import StopMatcher
 
-
-DEFAULT_TREE_BUDGET = 63
-LATTICE_NEEDS = ('tree="lattice" needs a DFlash2 drafter (the tree is built over its path selector\'s lattice); '
-                 'a DFlash drafter\'s best-first tree is tree="ddtree"')
 
 #: How greedy steps read the target's choice: "backend" = each verified row's argmax computed in the
 #: target's graph (Target.attach_argmax, one int per row reaches the host), "host" = full logits
@@ -115,13 +112,7 @@ class Engine:
         backend_argmax_wanted(greedy_argmax, False)
         check_draft_vocab_mode(draft_vocab)
         _check_budget(budget)
-        if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
-        if tree == "tfm" and weaver is None:
-            raise ValueError(f'tree="{tree}" needs a Weaver: --weaver WEAVER.gguf in the tools, '
-                             f'Engine(..., weaver="weaver.gguf") in Python')
-        if int(tree_width) < 1 or int(tree_top_k) < 1:
-            raise ValueError(f"tree_width and tree_top_k must be >= 1 (got {tree_width}, {tree_top_k})")
+        method = check_method_options(tree, tree_top_k, tree_width, weaver is not None)
         target_path = resolve_model(target or DEFAULT_TARGET)
         self.target = Target(target_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers)
@@ -136,24 +127,20 @@ class Engine:
         if int(tree_top_k) > n_vocab:
             self.close()
             raise ValueError(f"tree_top_k must be at most the vocabulary size {n_vocab} (got {tree_top_k})")
-        if tree == "dartree" and weaver is None and not self._dflash2:
-            self.close()
-            raise ValueError('tree="dartree" needs a correction head: a Weaver (--weaver WEAVER.gguf in the tools, '
-                             'Engine(..., weaver="weaver.gguf") in Python) or a DFlash2 drafter (its path selector)')
-        if tree == "lattice" and self.drafter is not None and not self._dflash2:
-            self.close()
-            raise ValueError(LATTICE_NEEDS)
-        self.tree_mode, self.tree_top_k, self.tree_width = tree, int(tree_top_k), int(tree_width)
-        self.tfm = None  # the Weaver's side of "tfm" steps (decode.weaver.TfmDrafter)
+        self.tree_top_k, self.tree_width = int(tree_top_k), int(tree_width)
+        self.tfm = None  # the loaded Weaver's side of TfM and DARTree steps (decode.weaver.TfmDrafter)
         self.weaver_ms: dict[str, float] = {}  # ms a TfM tree on each device tried at load (GPU machines)
-        if weaver is not None and self.drafter is not None:
-            try:
-                self.tfm = self._load_weaver(weaver, target_path, on_gpu, n_threads)
-            except Exception:
-                self.close()
-                raise
-        try:
-            self._attach_dartree()
+        try:  # what the drafter cannot draft is refused before the Weaver loads
+            method.check_models(self.drafter, weaver is not None)
+            if weaver is not None and self.drafter is not None:
+                from .decode.methods.tfm import load_weaver
+
+                self.tfm, self.weaver_ms = load_weaver(weaver, target_path, self.target, self.drafter, on_gpu,
+                                                       n_threads, method.weaver_timing(target_path))
+            #: the drafting method (decode.methods): turns each step's drafter pass into its tree
+            self.method: DraftMethod = make_method(tree, self.tree_top_k, self.tree_width, drafter=self.drafter,
+                                                   weaver=self.tfm, weaver_given=weaver is not None)
+            self.method.prepare(self.target)
         except Exception:
             self.close()
             raise
@@ -172,7 +159,7 @@ class Engine:
     # -- public API ----------------------------------------------------------------------
     def set_budget(self, budget: int | str | None) -> None:
         """Draft tokens verified per step: None = the default (block size - 1 for the chain,
-        DEFAULT_TREE_BUDGET nodes for trees), 0 = plain decoding (drafter idle), ``"auto"`` =
+        ``methods.DEFAULT_TREE_BUDGET`` nodes for trees), 0 = plain decoding (drafter idle), ``"auto"`` =
         chosen per step up to the default (``AutoBudget``; its measurements are kept).
 
         Raises ValueError for a negative budget or an unknown string.
@@ -187,14 +174,9 @@ class Engine:
                 self._warm_up(auto=True)
             return
         self.auto = None
-        if self.drafter is None:
-            max_budget = 0
-        elif self.tree_mode == "chain":
-            max_budget = self.drafter.block_size - 1
-        else:
-            max_budget = self.target.n_batch - 1
-            budget = DEFAULT_TREE_BUDGET if budget is None else budget
-        b = max_budget if budget is None else min(int(budget), max_budget)
+        default, max_budget = (self.method.budget_bounds(self.drafter.block_size, self.target.n_batch)
+                               if self.drafter is not None else (0, 0))
+        b = min(default if budget is None else int(budget), max_budget)
         if self.drafter is not None and (b > 0) != (self.budget > 0):
             self.target.set_features(self.drafter.layers if b > 0 else [])
         self.budget = b
@@ -222,74 +204,25 @@ class Engine:
         self._drafter_warmed = self._drafter_warmed or dft is not None
 
     @property
-    def _dflash2(self) -> bool:
-        """The drafter is a DFlash2 drafter (its path selector: lattice trees, DARTree's head)."""
-        return self.drafter is not None and self.drafter.selector_top_k > 0
+    def tree_mode(self) -> str:
+        """The drafting method's name (``Engine(tree=...)``)."""
+        return self.method.name
 
     def set_draft(self, tree: str, budget: int | str | None) -> None:
-        """Switch the draft shape (one of ``TREE_SHAPES``) and the budget (as ``set_budget``).
+        """Switch the drafting method (one of ``methods.TREE_SHAPES``, made by ``methods.make_method`` with
+        this engine's drafter, Weaver, ``tree_top_k`` and ``tree_width``) and the budget (as ``set_budget``).
 
-        Raises ValueError for an unknown shape (nothing changed) or a bad budget (as ``set_budget``;
-        the previous shape is restored).
+        Raises ValueError for an unknown method or one this engine cannot draft (nothing changed) or a bad
+        budget (as ``set_budget``; the previous method is restored).
         """
-        if tree not in TREE_SHAPES:
-            raise ValueError(f"unknown tree mode {tree!r}; choose one of {', '.join(TREE_SHAPES)}")
-        if tree in WEAVER_SHAPES and self.tfm is None and not (tree == "dartree" and self._dflash2):
-            raise ValueError(f'tree="{tree}" needs the engine built with a Weaver (Engine(..., weaver=...))'
-                             + (" or a DFlash2 drafter" if tree == "dartree" else ""))
-        if tree == "lattice" and self.drafter is not None and not self._dflash2:
-            raise ValueError(LATTICE_NEEDS)
-        old = self.tree_mode
-        self.tree_mode = tree
+        method = make_method(tree, self.tree_top_k, self.tree_width, drafter=self.drafter, weaver=self.tfm)
+        old, self.method = self.method, method
         try:
             self.set_budget(budget)
         except ValueError:
-            self.tree_mode = old
+            self.method = old
             raise
-        self._attach_dartree()
-
-    def _attach_dartree(self) -> None:
-        """The target's final hidden state on for Weaver shapes; for "dartree" the Weaver's backend made ready
-        to build whole trees (``TfmDrafter.attach``: its step-input table, once)."""
-        self.target.set_final_hidden(self.tfm is not None and self.tree_mode in WEAVER_SHAPES)
-        if self.tfm is not None and self.tree_mode == "dartree":
-            self.tfm.attach()
-
-    def _load_weaver(self, path, target_path, on_gpu: bool, n_threads):
-        """The ``TfmDrafter`` of a Weaver GGUF for this target and drafter. Raises ValueError when its
-        sizes do not fit them (another target or drafter), GGUFError for an unreadable file."""
-        from .decode.weaver import TargetEmbeddings, TfmDrafter, fastest_weaver
-        from .files.drafters import file_key
-
-        # on a GPU machine the Weaver's small rounds may run faster on the host: the faster is kept; a
-        # round's ops are too small for many threads (a round of 1 path on 2 cores: 0.23 ms on 1, 0.12 on 2;
-        # 4 is a guess beyond that, unmeasured)
-        threads = min(n_threads or os.cpu_count() or 1, 4)
-        # placed for the shape it is built for: a DARTree (one backend graph a tree) at the default budget,
-        # else a TfM tree (a graph a heap round)
-        dartree = self.tree_mode == "dartree"
-        w, self.weaver_ms = fastest_weaver(path, ("gpu", "cpu") if on_gpu else ("cpu",), threads,
-                                           budget=DEFAULT_TREE_BUDGET if dartree else 16,
-                                           dartree_target=str(target_path) if dartree else None)
-        want = {"target_hidden": self.target.model.n_embd, "drafter_hidden": self.drafter.model.n_embd,
-                "depth": self.drafter.block_size - 1}
-        bad = [f"{k} {w.shape[k]} (here {v})" for k, v in want.items() if w.shape[k] != v]
-        if w.identity.get("target_key"):
-            other_target = w.identity["target_key"] != file_key(target_path)
-        else:  # a file without the cheap key: the whole target's sha256 (seconds for a GB)
-            from .files.atomic import sha256_file
-
-            other_target = w.identity["target_sha256"] != sha256_file(target_path)
-        if other_target:
-            bad.append(f"target {w.identity['target_name'] or '?'} (not {os.path.basename(str(target_path))})")
-        if w.shape["top_k"] > self.target.model.n_vocab:
-            bad.append(f"{w.shape['top_k']} candidates a position (the vocabulary has {self.target.model.n_vocab})")
-        if w.identity["n_vocab"] != self.target.model.n_vocab:
-            bad.append(f"a vocabulary of {w.identity['n_vocab']} (here {self.target.model.n_vocab})")
-        if bad:
-            w.close()
-            raise ValueError(f"the Weaver {path} was trained for another pair: {', '.join(bad)}")
-        return TfmDrafter(w, TargetEmbeddings(target_path))
+        self.method.prepare(self.target)
 
     def _auto_for(self, shape: str) -> AutoBudget:
         """The auto-budget state of a draft shape (gain curves and draft times differ by shape;
@@ -410,10 +343,8 @@ class Engine:
         st.n_generated = 1
         st.t_total = time.perf_counter() - t0
         yield last
-        tfm = self.tfm if self.tree_mode in WEAVER_SHAPES else None
-        if tfm is not None:
-            tfm.h_target = None  # known after the first verification (its first step drafts DDTree)
-        shape = DraftShape(self.tree_mode, self.tree_top_k, self.tree_width, weaver=tfm)
+        shape = self.method  # the drafting method; TfM's target state is known after the first verification
+        shape.begin()
         # a plain stretch of the automatic budget (AutoBudget.stretch) runs plain decoding's own steps
         left, done, t_verify, t_step = 0, 0, 0.0, 0.0
         try:

@@ -59,7 +59,8 @@ from tfm_local.bench import gdn as gdn_bench
 from tfm_local.cli.common import check_writable, device_name, int_list, run_record, write_json
 from tfm_local.decode.accept import children_lists
 from tfm_local.decode.stats import PHASES, PhaseClock
-from tfm_local.decode.step import DraftShape, draft_tree, run_step
+from tfm_local.decode.methods import make_method
+from tfm_local.decode.step import draft_tree, run_step
 from tfm_local.decode.tree import Tree
 from tfm_local.lossless import classify, tie_gap
 
@@ -116,7 +117,8 @@ def greedy_run(engine, ids: list[int], n_tokens: int, on_row: RowHook | None = N
     ``dict(steps, timed_out)``.
     """
     tgt, dft = engine.target, engine.active_drafter
-    shape = DraftShape(engine.tree_mode, engine.tree_top_k, engine.tree_width)
+    shape = engine.method  # the engine's drafting method, as generate_ids holds it
+    shape.begin()
     if dft is not None:
         if not tgt.feature_layers:  # the target captures the drafter's layer inputs (as run_step does)
             tgt.set_features(dft.layers)
@@ -229,7 +231,7 @@ def make_tree(source: str, n: int, root: int, cont: list[int], pool: list[int], 
     if n == 1:
         return Tree.root(root)
     if source == "ddtree":
-        shape = DraftShape("ddtree", engine.tree_top_k, engine.tree_width)
+        shape = make_method("ddtree", engine.tree_top_k, engine.tree_width)
         clock = PhaseClock(dict.fromkeys(PHASES, 0.0))
         return draft_tree(engine.drafter, shape, root, pos, n - 1, n - 1, False, clock)[0]
     if source == "chain":

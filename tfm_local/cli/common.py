@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 # write_json(path, doc): the tools' JSON output, written atomically (tfm_local.files.atomic; re-exported here)
 from ..files.atomic import write_json  # noqa: F401
+from ..decode.methods import TREE_SHAPES
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -115,7 +116,7 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--budget", type=budget_arg, default="auto",
                     help="draft tokens verified per step: 'auto' (default: chosen per step from measured "
                          "costs and acceptance, plain decoding when drafting does not pay), or N (0 = plain)")
-    ap.add_argument("--tree", default="chain", choices=["chain", "ddtree", "wide", "tfm", "dartree", "lattice"],
+    ap.add_argument("--tree", default="chain", choices=TREE_SHAPES,
                     help="draft shape: the DFlash chain, a DDTree best-first tree over the marginals, a w-wide heap "
                          "tree, a TfM tree scored by a Weaver (--weaver), a DARTree tree scored by a Weaver or a "
                          "DFlash2 drafter's path selector, or a DFlash2 drafter's best-first tree over its "

@@ -4,6 +4,8 @@ the engine calls it once per step):
 - ``draft``    the DFlash drafter: target features injected into its KV cache, one block pass,
                the chain or the top-K marginals per block position (``DFlashDrafter``)
 - ``tree``     the draft tree (``Tree``) and its builders from the marginals: chain, DDTree, w-wide
+- ``methods``  the drafting methods, one object each, turning the drafter's pass into a ``Tree``
+               (chain, DDTree and w-wide, TfM, DARTree, DFlash2's lattice tree; ``methods.make_method``)
 - ``lattice``  a DFlash2 drafter's selector lattice: greedy and sampled walks, best-first lattice trees,
                the selector as DARTree's path scorer
 - ``verify``   the target: prefill, one-pass verification of a tree (a chain is a tree) giving the
@@ -11,7 +13,7 @@ the engine calls it once per step):
 - ``accept``   the lossless acceptance walk over the verified tree
 - ``step``     one step, draft → tree → verify → accept → commit, and the ``StepRecord`` it returns
 - ``budget``   the automatic budget: how many drafted tokens to verify per step, from measured costs
-- ``weaver``   the Weaver on the backend (TfM's re-scorer of the candidates along a path; not yet in a step)
+- ``weaver``   the Weaver on the backend (TfM's and DARTree's scorer of the candidates along a path)
 - ``warmup``   every pass shape the budget may choose run once at load (GPU), so that no timed step is cold
 - ``sampling`` the target's processed distribution and the draw (temperature, top-k, top-p, min-p)
 - ``stats``    per-generation counters and the time split (``GenerationStats``)

@@ -4,10 +4,9 @@ The target's KV cache holds the committed tokens ``0 .. P-1``; ``last`` (the las
 is not in it yet and is the root of this step's tree. A step:
 
 1. **budget** ``k`` drafted nodes (``draft_limit``; the automatic budget may pick fewer, 0 = plain);
-2. **draft** one drafter pass over the block after ``last`` (draft.py) and **tree**: the chain, or a
-   DDTree / w-wide tree of ``k`` nodes from the top-K marginals ``[D, K]`` (tree.py); a DFlash2
-   drafter's chain and DARTree come from its selector's lattice instead, and its "lattice" shape is the
-   best-first tree over the lattice (lattice.py);
+2. **draft** one drafter pass over the block after ``last`` (draft.py) and **tree**: the drafting
+   method's tree of ``k`` nodes (``methods``: the chain, DDTree or the w-wide heap over the top-K
+   marginals ``[D, K]``, TfM and DARTree scored by a Weaver, a DFlash2 drafter's lattice trees);
 3. **verify** the tree ``[1 + k]`` nodes in one target pass (verify.py): the target's choice per node,
    by the generation's rule (backend argmax, or the host's argmax / sample of the node's logits);
 4. **accept**: the lossless walk from the root along the target's choices (accept.py);
@@ -24,7 +23,6 @@ the tree is the root alone. Method and sources: docs/design.md §1 and §5.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 from typing import Callable
 
 import numpy as np
@@ -32,34 +30,10 @@ import numpy as np
 from .accept import walk_tree
 from .budget import AutoBudget, gain_curve
 from .draft import DFlashDrafter
-from .lattice import Lattice, build_lattice_tree, greedy_walk, selector_scorer, chain_tree
+from .methods import DraftMethod, make_method
 from .stats import PHASES, PhaseClock
-from .tree import BUILDERS, Tree, build_chain, build_dartree, build_wide
+from .tree import Tree
 from .verify import Target
-
-#: Draft shapes: "chain" (the DFlash chain), "ddtree" (best-first tree over the marginals), "wide" (w-wide
-#: heap), "tfm" (the w-wide heap scored by the Weaver, ``weaver.TfmDrafter``), "dartree" (DARTree with the
-#: Weaver or a DFlash2 drafter's path selector as its correction head), "lattice" (a DFlash2 drafter's
-#: best-first tree over its selector's lattice).
-TREE_SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree", "lattice")
-#: The shapes whose trees the Weaver scores (``DraftShape.weaver``).
-WEAVER_SHAPES = ("tfm", "dartree")
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    """How a step turns the drafter's block into a tree.
-
-    tree: one of ``TREE_SHAPES``. top_k: candidates per block position for trees (K of the
-    marginals ``[D, K]``). width: heap entries "wide" expands together. weaver: the
-    ``weaver.TfmDrafter`` of "tfm" and "dartree" (its K and width are its own; until the target's final
-    hidden state at the last committed token is known, the first step of a generation, they draft DDTree).
-    """
-
-    tree: str = "chain"
-    top_k: int = 8
-    width: int = 4
-    weaver: Any = field(default=None, compare=False)
 
 
 @dataclass
@@ -137,75 +111,37 @@ def set_capture(target: Target, drafter: DFlashDrafter, on: bool) -> bool:
     return True
 
 
-def draft_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, k: int, k_plan: int,
+def draft_tree(drafter: DFlashDrafter, method: DraftMethod, last: int, pos: int, k: int, k_plan: int,
                with_curve: bool, clock: PhaseClock) -> tuple[Tree, np.ndarray | None]:
-    """One drafter pass after ``last`` at position ``pos`` → a draft tree of ``k`` nodes (root excluded).
+    """One drafter pass after ``last`` at position ``pos`` → a draft tree of ``k`` nodes (root excluded),
+    built by the drafting ``method`` (``methods.DraftMethod.draft``).
 
     ``with_curve`` (automatic budget): the tree is first built for ``k_plan`` ≥ k nodes to get the gain
     curve ``[k_plan]`` (budget.gain_curve), then cut to its first ``k`` nodes; otherwise ``k_plan == k``
     and the curve is None. The caller bounds ``k_plan`` by the room in the context (``draft_limit``).
     ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
     """
-    depth = min(drafter.block_size - 1, k_plan)  # a tree of k_plan nodes is at most k_plan deep
-    if drafter.selector_top_k and shape.tree in LATTICE_SHAPES and (shape.tree != "dartree" or shape.weaver is None):
-        lat = drafter.lattice(last, pos, depth)
-        clock.mark("drafter")
-        tree = lattice_tree(lat, shape.tree, last, k_plan)
-    elif shape.tree == "chain" and not with_curve:
-        drafts = np.asarray(drafter.draft_chain(last, pos, k), dtype=np.int64)
-        clock.mark("drafter")
-        tree = build_chain(last, drafts[:, None], np.zeros((len(drafts), 1)), k)
-        clock.mark("tree")
-        return tree, None
-    else:
-        tree = _marginal_tree(drafter, shape, last, pos, depth, k, k_plan, clock)
+    tree = method.draft(drafter, last, pos, k_plan, clock, path_logp=with_curve)
     curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
     tree = tree.truncate(k) if with_curve else tree
     clock.mark("tree")
     return tree, curve
 
 
-def _marginal_tree(drafter: DFlashDrafter, shape: DraftShape, last: int, pos: int, depth: int, k: int,
-                   k_plan: int, clock: PhaseClock) -> Tree:
-    """The tree of ``k_plan`` nodes from the drafter's marginals (and the Weaver's scores for TfM shapes)."""
-    tfm = shape.weaver if shape.tree in WEAVER_SHAPES else None
-    if tfm is not None and tfm.h_target is not None:
-        cand, logp, hidden = drafter.top_k_hidden(last, pos, drafter.block_size - 1, tfm.top_k)
-        clock.mark("drafter")
-        tree = (tfm.tree if shape.tree == "tfm" else tfm.dartree)(last, cand, logp, hidden, k_plan)
-    else:
-        cand, logp = drafter.top_k(last, pos, depth, 1 if shape.tree == "chain" else shape.top_k)
-        clock.mark("drafter")
-        if shape.tree == "wide":
-            tree = build_wide(last, cand, logp, k_plan, width=shape.width)
-        else:
-            tree = BUILDERS["ddtree" if shape.tree in WEAVER_SHAPES else shape.tree](last, cand, logp, k_plan)
-    return tree
+#: the old name of ``methods.make_method``, for callers not yet moved to it (bench/replay.py)
+DraftShape = make_method
 
 
-#: the shapes a DFlash2 drafter builds over its selector's lattice (``lattice_tree``); its "ddtree" stays
-#: DDTree over the marginals, the lattice tree's reference at equal budget
-LATTICE_SHAPES = ("chain", "lattice", "dartree")
-
-
-def lattice_tree(lat: Lattice, tree: str, last: int, k_plan: int) -> Tree:
-    """A DFlash2 drafter's tree of ``k_plan`` nodes over its lattice: the chain is the greedy walk,
-    "lattice" the exact best-first lattice tree, DARTree with the selector as its correction head."""
-    if tree == "chain":
-        return chain_tree(last, lat, *greedy_walk(lat, k_plan))
-    if tree == "dartree":
-        return build_dartree(last, lat.cand, k_plan, selector_scorer(lat))
-    return build_lattice_tree(last, lat, k_plan)
-
-
-def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, budget: int,
+def run_step(target: Target, drafter: DFlashDrafter | None, method: DraftMethod, budget: int,
              auto: AutoBudget | None, last: int, remaining: int, choose: Callable[[np.ndarray, int], int],
              backend_choice: bool) -> StepRecord:
     """One step after ``last`` (see the module doc); emits at most ``remaining`` tokens.
 
     Args:
-        drafter: the drafter, or None for a plain step. budget: drafted nodes per step (``auto`` None)
-            or the automatic budget's ceiling. auto: the automatic budget, or None for a fixed one.
+        drafter: the drafter, or None for a plain step. method: the drafting method
+            (``methods.make_method``; its ``accept`` learns the committed node after every step, plain
+            ones included). budget: drafted nodes per step (``auto`` None) or the automatic budget's
+            ceiling. auto: the automatic budget, or None for a fixed one.
         choose: the host rule ``(logits [n_vocab] float32, position) -> token`` (sampling.TokenChooser).
         backend_choice: read each node's token chosen in the target's graph instead (its argmax or its
             seeded draw: ``Target.attach_argmax`` / ``Target.attach_sampler`` first).
@@ -227,7 +163,7 @@ def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, b
             clock.mark("drafter")
             rec.t_sync = rec.phases["drafter"]
         k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
-        tree, rec.curve = draft_tree(drafter, shape, last, pos, k, k_plan, auto is not None, clock)
+        tree, rec.curve = draft_tree(drafter, method, last, pos, k, k_plan, auto is not None, clock)
     else:
         tree = Tree.root(last)
     # verify → accept → commit
@@ -241,8 +177,7 @@ def run_step(target: Target, drafter: DFlashDrafter | None, shape: DraftShape, b
     if capture:
         features = target.features(target.rows(walk.path), len(tree))
         (drafter.inject if drafting else drafter.defer)(features, pos)
-    if shape.weaver is not None:  # TfM: the next draft's prefix starts at the last committed node
-        shape.weaver.h_target = target.final_hidden(walk.path[-1])
+    method.accept(target, walk.path[-1])  # TfM: the next draft's prefix starts at the last committed node
     clock.mark("drafter")
     rec.n_nodes, rec.tokens = len(tree), walk.tokens
     return rec

@@ -8,7 +8,7 @@ the drafter's block states; its keys and values computed once a tree and kept on
 path's steps (the target's embeddings of the root and the path's tokens; each path's keys and values
 kept too, so that a round computes one row a new path: ``Weaver.nodes_add``); the host adds ``codes[c] · q``
 to the drafter's logit of each candidate c (K rows of the table).
-``TfmDrafter`` is what a "tfm" or "dartree" step holds (``step.DraftShape.weaver``). The reference model,
+``TfmDrafter`` is what the "tfm" and "dartree" methods hold (``methods.tfm``). The reference model,
 its training and the trees it drives: ``tfm_local/train/weaver.py``, ``weaver_fit.py``, ``weaver_eval.py``.
 """
 from __future__ import annotations
@@ -310,9 +310,8 @@ def fastest_weaver(path: str | os.PathLike, devices: tuple[str, ...], n_threads:
 
 
 class TfmDrafter:
-    """The Weaver's side of a TfM step (``step.DraftShape.weaver``): the Weaver, the target's embedding
-    rows, and ``h_target``, the target's final hidden state at the last committed token (the step sets
-    it after each verification; None at a generation's start, when the step drafts DDTree instead).
+    """The Weaver's side of a TfM or DARTree step (``methods.tfm.WeaverMethod``, which keeps the target's
+    state): the Weaver and the target's embedding rows.
 
     Args:
         weaver: the loaded Weaver. embed: the target's ``TargetEmbeddings``. width: entries popped a
@@ -321,7 +320,6 @@ class TfmDrafter:
 
     def __init__(self, weaver: Weaver, embed: TargetEmbeddings, width: int | None = None, children: int = 8):
         self.weaver, self.embed, self.width, self.children = weaver, embed, width, children
-        self.h_target: np.ndarray | None = None
 
     def attach(self) -> None:
         """Build DARTree trees on the Weaver's backend from here on (``Weaver.attach_target`` with this
@@ -334,15 +332,17 @@ class TfmDrafter:
         """K, the drafter's candidates per block position the Weaver scores."""
         return self.weaver.shape["top_k"]
 
-    def tree(self, root: int, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray, budget: int) -> Tree:
-        """The TfM tree of ``budget`` drafted nodes (``tfm_tree``) from the drafter's candidates
+    def tree(self, root: int, h_target: np.ndarray, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray,
+             budget: int) -> Tree:
+        """The TfM tree of ``budget`` drafted nodes (``tfm_tree``) given the target's final hidden state at
+        the last committed token ``h_target`` float32 ``[target_hidden]``, from the drafter's candidates
         ``[D, K]`` (log-probabilities serve as its logits: the softmax over K is the same) and its hidden
         states ``[D, drafter_hidden]``."""
-        return tfm_tree(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp, budget,
+        return tfm_tree(self.weaver, self.embed, root, h_target, hidden, cand, cand_logp, budget,
                         self.width, self.children)
 
-    def dartree(self, root: int, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray, budget: int,
-                width: int = 12, beta: float = -0.2) -> Tree:
+    def dartree(self, root: int, h_target: np.ndarray, cand: np.ndarray, cand_logp: np.ndarray, hidden: np.ndarray,
+                budget: int, width: int = 12, beta: float = -0.2) -> Tree:
         """The DARTree tree of ``budget`` drafted nodes with the Weaver as its correction head
         (``tree.build_dartree``: ``width`` live branches a depth, depth bonus ``beta``; the paper's defaults):
         built on the Weaver's backend in one call once ``attach`` has run (``Weaver.dartree``), else on the
@@ -350,9 +350,9 @@ class TfmDrafter:
         ValueError for a width (or K) beyond the backend's limits (``native.check_dartree_size``), either way."""
         native.check_dartree_size(int(width), np.shape(cand)[1], len(cand))
         if self.weaver.attached is not None:
-            tree = self.weaver.dartree(root, self.h_target, hidden, cand, cand_logp, budget, width, beta)
+            tree = self.weaver.dartree(root, h_target, hidden, cand, cand_logp, budget, width, beta)
             if tree is not None:
                 return tree
-        score = WeaverPaths(self.weaver, self.embed, root, self.h_target, hidden, cand, cand_logp,
+        score = WeaverPaths(self.weaver, self.embed, root, h_target, hidden, cand, cand_logp,
                             capacity=1 + width * len(cand))
         return build_dartree(root, np.asarray(cand), budget, score, width, beta)
