@@ -140,7 +140,7 @@ def _simulate(auto: BudgetPolicy, n_steps: int, plain_s: float, pass_s, draft_s:
 
 
 def h200_pass(n: int) -> float:
-    """The H200's default-pair verification as measured (2026-12-02): a 2-node probe pass 4.0 ms, a
+    """The H200's default-pair verification as measured (docs/notebook/budget-history.md): a 2-node probe pass 4.0 ms, a
     17-node one 4.3, a 65-node one 7.2 (capture and per-row reads included)."""
     return float(np.interp(n, [2, 17, 65], [0.0040, 0.0043, 0.0072]))
 
@@ -151,7 +151,7 @@ def _simulate_generations(auto: BudgetPolicy, kinds: list[float], length: int = 
                           prompt_s: float = 0.004) -> dict:
     """Generations of ``length`` tokens (``max_tokens`` asked for: the end-of-generation token comes first),
     one per entry of ``kinds`` (the probability that the drafter is right at a position on that prompt),
-    on H200-like costs as measured 2026-12-03/04 (docs/gpu.md): a plain step ``plain_s``, a capturing
+    on H200-like costs as measured (docs/gpu.md): a plain step ``plain_s``, a capturing
     one ``capture_s`` more, a capture switch ``switch_s``, a probe ``probe_extra_s`` beyond its pass and
     drafting, a captured prompt ``prompt_s`` more in its prefill. Returns the time against plain
     decoding's for the same tokens (prefills' extra included) and the generations that speculated."""

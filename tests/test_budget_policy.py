@@ -212,7 +212,7 @@ def test_speculation_that_pays_is_not_stopped_by_the_ratios_noise():
 
 
 def test_on_a_gpu_the_budget_keeps_few_pass_shapes():
-    """H200, 2026-12-03 (docs/gpu.md): with every size allowed the budget moved by one node a step (16,
+    """H200 (docs/gpu.md): with every size allowed the budget moved by one node a step (16,
     15, 14, … 5 on HumanEval); upstream ggml-cuda keeps one CUDA graph per context, so each pass of a new
     size ran kernel by kernel (a speculative step 8.2 ms against DDTree@16's steady 6.6), that cost priced
     its size out, the next size down was tried, and the budget stopped speculating where DDTree@16 ran at
@@ -279,7 +279,7 @@ def test_an_unlucky_start_or_probe_does_not_end_speculation_for_good():
 def test_a_generations_first_speculative_step_weighs_as_a_probe():
     """Speculation carried over from the last answer keeps that answer's calibration and gain curve; its
     first step in a new generation enters with a probe's weights (``alpha_probe``, ``curve_probe``), the
-    steps after it with the running ones (H200 MT-Bench, 2026-12-04: two answers speculated through 135
+    steps after it with the running ones (H200 MT-Bench: two answers speculated through 135
     and 26 steps at 0.77-0.78x plain on the statistics of the answer before)."""
     from tfm_local.decode.step import StepRecord
 

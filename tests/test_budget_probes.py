@@ -122,8 +122,8 @@ def test_exploration_finds_the_budget_a_gpu_can_afford():
 
 
 def test_a_cold_first_probe_cycle_does_not_space_the_probes_out():
-    """The H200 run of 2026-12-03: the first probe cycle of a process is cold (the drafter's first
-    pass, CUDA graphs of new shapes: 27.7 ms beyond its parts' ~5 ms, 2026-12-02), and its cost set
+    """An H200 run: the first probe cycle of a process is cold (the drafter's first
+    pass, CUDA graphs of new shapes: 27.7 ms beyond its parts' ~5 ms), and its cost set
     the gap to the next probe at ~2,900 steps (0.5% of plain time), so on HumanEval the budget made
     2-3 probes in 6,000 tokens and never speculated where DDTree@16 ran at 1.21x plain. The first
     cycle is a warm-up: its cost does not space the probes; the second cycle's replaces it."""
@@ -152,7 +152,7 @@ def test_exploration_stops_where_passes_grow_with_their_size():
 
 def test_probe_spacing_has_the_probe_steps_own_cost_as_floor():
     """A probe cycle whose capturing steps were measured cheaper than plain ones (the ±5% noise of a
-    step on the 2-core CPU: 2026-12-03 the cycles' sums came out near 0 and the probes came every ~130
+    step on the 2-core CPU: the cycles' sums came out near 0 and the probes came every ~130
     steps, ~1.5% of the time): the probe step's own cost beyond plain decoding (its pass and drafting,
     from the running costs) is the floor of the cycle's cost, and so of the probes' spacing."""
     from tfm_local.decode.step import StepRecord
@@ -177,7 +177,7 @@ def test_probe_spacing_has_the_probe_steps_own_cost_as_floor():
 
 
 def test_a_cold_pass_of_a_new_size_does_not_price_that_size_out():
-    """The H200 run of 2026-12-03 (HumanEval, 10 prompts): the probe that explored 16 nodes measured
+    """An H200 run (HumanEval, 10 prompts): the probe that explored 16 nodes measured
     32 ms (the first pass of a new shape loads its kernels; warm it takes 4.3), that one sample was
     never replaced, and the budget stayed with 8-node probes that did not pay while DDTree@16 ran at
     1.25x plain. A size measured once is measured again before its cost prices anything."""
