@@ -1,17 +1,17 @@
-"""Replay the automatic budget (tfm_local.decode.budget.AutoBudget) over recorded drafter marginals
+"""Replay the automatic budget (tfm_local.decode.budget.BudgetPolicy) over recorded drafter marginals
 (lab/acceptance_traces.py) with a GPU's measured step costs: its speed against plain decoding per set,
 without the GPU.
 
 Usage: PYTHONPATH=. python lab/budget_replay.py TRACES.npz [--shape chain|ddtree|both] [--fixed B]
        [--set FIELD=VALUE ...] [--seeds N] [--json OUT]
 
-Every answer of the traces is replayed in order (the sets as tfm-bench runs them, one AutoBudget kept
+Every answer of the traces is replayed in order (the sets as tfm-bench runs them, one BudgetPolicy kept
 across them as an Engine keeps one per draft shape): each step asks ``choose`` for a budget, builds the
 tree the engine would from the drafter's top-K at that position (a probe's curve only its budget deep,
 ``step.draft_tree``), accepts along the target's greedy answer, and gives ``observe`` a step record with
 the costs below. ``--fixed B`` replays a fixed budget instead (DDTree@16 is ``--shape ddtree --fixed
-15``), which checks the traces and costs against a bench. ``--set`` overrides AutoBudget fields
-(``AutoBudget.on_gpu`` is the base), e.g. ``--set overhead=0.0025``.
+15``), which checks the traces and costs against a bench. ``--set`` overrides BudgetConfig fields
+(``budget.GPU`` is the base), e.g. ``--set overhead=0.0025``.
 
 Costs (H200, default pair, ms; tfm-bench's phases of 2026-12-04 and llama-bench's pass sizes, docs/gpu.md):
 a plain step 1.88; a verification of n nodes (submit + pass + accept) 1.88 / 2.32 / 2.96 / 4.04 / 5.32 /
@@ -21,12 +21,12 @@ its prefill (measured: 11.2 + 0.005 a prompt token, docs/gpu.md), told to the bu
 """
 import argparse
 import json
-from dataclasses import fields
+from dataclasses import replace
 
 import numpy as np
 
 from tfm_local.decode.accept import walk_tree
-from tfm_local.decode.budget import AutoBudget, gain_curve
+from tfm_local.decode.budget import GPU, BudgetPolicy, gain_curve, overrides as config_overrides
 from tfm_local.decode.step import StepRecord
 from tfm_local.decode.tree import build_chain, build_ddtree
 
@@ -81,7 +81,7 @@ def replay(tr, shape: str, overrides: dict, fixed: int | None = None, max_tokens
     decode steps alone, as tfm-bench's speed-up: ``decode_ratio``), τ, steps;
     ``seed`` > 0 replays the answers of each set in a shuffled order (``order``)."""
     k_cap = 15 if shape == "chain" else 63
-    auto = AutoBudget.on_gpu(**overrides)
+    auto = BudgetPolicy(replace(GPU, **overrides))
     for n in (1, 2, 4, 8, 16, 32, 64):  # the engine's warm-up at load
         if n - 1 <= k_cap:
             for _ in range(2):
@@ -97,7 +97,7 @@ def replay(tr, shape: str, overrides: dict, fixed: int | None = None, max_tokens
                                                  loss=dict(spec=0.0, probe=0.0, plain=0.0, prompt=0.0)))
         t, spec0 = 0.0, row["spec"]
         if fixed is None:
-            cap = auto.plan(max_tokens, k_cap)
+            cap = auto.capture_prompt(max_tokens, k_cap)
             t += c["prompt"] * cap + c["switch"] * (cap != capture)
             row["loss"]["prompt"] += c["prompt"] * cap + c["switch"] * (cap != capture)
             capture = cap
@@ -156,16 +156,11 @@ def replay(tr, shape: str, overrides: dict, fixed: int | None = None, max_tokens
 
 
 def parse_set(items: list[str]) -> dict:
-    """``FIELD=VALUE`` strings → AutoBudget keyword arguments (True / False / None, ints, floats)."""
-    names = {f.name for f in fields(AutoBudget)}
-    out = {}
-    for it in items:
-        k, _, v = it.partition("=")
-        if k not in names:
-            raise SystemExit(f"AutoBudget has no field {k!r}")
-        consts = {"True": True, "False": False, "None": None}
-        out[k] = consts[v] if v in consts else int(v) if v.lstrip("-").isdigit() else float(v)
-    return out
+    """``FIELD=VALUE`` strings → BudgetConfig keyword arguments (``budget.overrides``); exits on an unknown field."""
+    try:
+        return config_overrides(items)
+    except ValueError as e:
+        raise SystemExit(str(e))
 
 
 def main() -> None:

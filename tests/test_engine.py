@@ -305,8 +305,7 @@ def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, m
     steps before each probe do, and the output stays plain decoding's across the holes this leaves in
     the drafter's cache (sampled: same seed, same tokens on the CPU's kernels)."""
     import tfm_local.engine as engine_module
-    from tfm_local.decode.budget import AutoBudget
-    from test_budget import LinearCosts
+    from budget_helpers import LinearCosts, policy
 
     if sp.temperature > 0 and gpu_available():
         pytest.skip("CUDA's batched and one-row kernels differ numerically (test_sampling_same_seed_same_output)")
@@ -316,7 +315,7 @@ def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, m
     def spy(tgt, dft, *args):
         if tgt is not e.target:  # the plain engine's steps
             return real_step(tgt, dft, *args)
-        queued = e.drafter.pending  # a stretch's steps run without the drafter (AutoBudget.stretch)
+        queued = e.drafter.pending  # a stretch's steps run without the drafter (BudgetPolicy.stretch)
         rec = real_step(tgt, dft, *args)
         seen.append((rec, bool(tgt.feature_layers), e.drafter.pending - queued))
         return rec
@@ -325,7 +324,7 @@ def test_auto_plain_stretches_capture_nothing_and_stay_lossless(models, plain, m
     e = Engine(models["target"], models["drafter"], n_ctx=512)
     try:
         # CPU-like pass costs (the random drafter never pays), a probe every 20 plain steps, 4 warm-up steps
-        e.auto = AutoBudget(costs=LinearCosts(0.035, 0.06), probe_min=20, probe_max=20, probe_cap=20, window=4)
+        e.auto = policy(costs=LinearCosts(0.035, 0.06), probe_min=20, probe_max=20, probe_cap=20, window=4)
         for prompt in PROMPTS:
             ref = run_ids(plain, prompt, 80, sp)
             seen.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfm_local.decode.budget import AutoBudget
+from tfm_local.decode.budget import BudgetPolicy
 from tfm_local.decode.draft import DFlashDrafter
 from tfm_local.decode.methods import make_method
 from tfm_local.decode.sampling import SamplingParams, TokenChooser
@@ -114,13 +114,13 @@ def test_plain_step_and_what_consumes_records(paths):
     plain = run_step(tgt, dft, make_method(), 0, None, last, 100, GREEDY, False)  # budget 0: a plain step
     assert dft.n_injected + len(dft._pending) == tgt.n_past  # its row waits for the next draft
     assert not plain.speculative and plain.n_nodes == 1 and len(plain.tokens) == 1 and plain.budget == 0
-    auto = AutoBudget()
+    auto = BudgetPolicy()
     auto.observe(plain)
-    assert auto.costs.known(1) and auto.curve is None
+    assert auto.costs.known(1) and auto.gain.curve is None
     spec = run_step(tgt, dft, make_method("ddtree", top_k=4), 15, auto, plain.tokens[0], 100, GREEDY, False)
     assert spec.speculative and spec.curve is not None  # the first auto step is a probe of one token
     auto.observe(spec)
-    assert auto.curve is not None and auto.draft_s == pytest.approx(spec.t_draft - spec.t_sync)
+    assert auto.gain.curve is not None and auto.draft_s == pytest.approx(spec.t_draft - spec.t_sync)
     st = GenerationStats()
     for rec in (plain, spec):
         st.add_step(rec)

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Iterator
 
-from .decode.budget import AutoBudget, PassCosts
+from .decode.budget import CPU, GPU, BudgetPolicy, PassCosts
 from .decode.draft import DFlashDrafter
 from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
@@ -145,10 +145,10 @@ class Engine:
             self.close()
             raise
         self.budget = 0
-        self.auto: AutoBudget | None = None  # the chooser while budget="auto"
+        self.auto: BudgetPolicy | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
-        self._auto_states: dict[str, AutoBudget] = {}  # per draft shape, kept across set_budget calls
-        self._on_gpu = on_gpu  # the automatic budget's passes of few shapes (``AutoBudget.on_gpu``)
+        self._auto_states: dict[str, BudgetPolicy] = {}  # per draft shape, kept across set_budget calls
+        self.budget_config = GPU if on_gpu else CPU  # the automatic budget's tuning (``decode.budget.config``)
         self._warm = on_gpu if warm_up is None else bool(warm_up)
         self._warmed: set[int] = set()       # verification sizes warmed up (``_warm_up``)
         self._drafter_warmed = False
@@ -160,7 +160,7 @@ class Engine:
     def set_budget(self, budget: int | str | None) -> None:
         """Draft tokens verified per step: None = the default (block size - 1 for the chain,
         ``methods.DEFAULT_TREE_BUDGET`` nodes for trees), 0 = plain decoding (drafter idle), ``"auto"`` =
-        chosen per step up to the default (``AutoBudget``; its measurements are kept).
+        chosen per step up to the default (``BudgetPolicy``; its measurements are kept).
 
         Raises ValueError for a negative budget or an unknown string.
         """
@@ -185,18 +185,18 @@ class Engine:
 
     def _warm_up(self, auto: bool) -> None:
         """Warm up the verification sizes this budget can use and have not been (every size the
-        automatic budget may choose, ``AutoBudget.budgets``, else one token and the budget's tree) and,
+        automatic budget may choose, ``BudgetConfig.budgets``, else one token and the budget's tree) and,
         once, the drafter's passes (``decode.warmup``); the sizes' warm costs go to the automatic
         budget's pass costs."""
         n_max = self.budget + 1 if self.active_drafter is not None else 1
         sizes = {1, n_max}
         if auto and self.auto is not None:  # every size the budget may choose
-            sizes |= {int(b) + 1 for b in self.auto.budgets(n_max - 1)}
+            sizes |= {int(b) + 1 for b in self.auto.config.budgets(n_max - 1)}
         new = sorted(sizes - self._warmed)
         dft = self.active_drafter if not self._drafter_warmed else None
         if not new and dft is None:
             return
-        window = AutoBudget.window if dft is not None else 0
+        window = self.budget_config.window if dft is not None else 0
         warm_up(self.target, dft, new, self._pass_costs, self.backend_argmax,
                 inject_rows=window + dft.block_size if dft is not None else 0,
                 sampler_rows=n_max if new else 0, top_k=self.tree_top_k)
@@ -224,12 +224,11 @@ class Engine:
             raise
         self.method.prepare(self.target)
 
-    def _auto_for(self, shape: str) -> AutoBudget:
+    def _auto_for(self, shape: str) -> BudgetPolicy:
         """The auto-budget state of a draft shape (gain curves and draft times differ by shape;
         the target's pass costs are shared)."""
         if shape not in self._auto_states:
-            make = AutoBudget.on_gpu if self._on_gpu else AutoBudget
-            self._auto_states[shape] = make(costs=self._pass_costs)
+            self._auto_states[shape] = BudgetPolicy(self.budget_config, costs=self._pass_costs)
         return self._auto_states[shape]
 
     @property
@@ -310,17 +309,15 @@ class Engine:
         auto = self.auto if dft is not None else None
         if dft is not None:
             dft.reset()
-            # the prompt's features only when this generation may draft (AutoBudget.plan): the capture
+            # the prompt's features only when this generation may draft (BudgetPolicy.start): the capture
             # is off through a plain stretch, and a probe comes with its own warm-up
-            captured = auto.plan(max_tokens, self.budget) if auto is not None else True
+            captured = auto.start(max_tokens, self.budget) if auto is not None else True
             set_capture(tgt, dft, captured)
-            if auto is not None:
-                auto.begin(captured)
         on_chunk, captured_s = None, [0.0]
         if dft is not None and tgt.feature_layers:
             def on_chunk(s: int, n: int) -> None:
                 """The prompt's features into the drafter; timed for the automatic budget
-                (AutoBudget.observe_prompt) without the target's own pass, while a fixed budget's
+                (BudgetPolicy.observe_prompt) without the target's own pass, while a fixed budget's
                 injection is left to overlap the first token's return."""
                 if auto is None:
                     dft.inject(tgt.features(slice(0, n), n), s)
@@ -345,7 +342,7 @@ class Engine:
         yield last
         shape = self.method  # the drafting method; TfM's target state is known after the first verification
         shape.begin()
-        # a plain stretch of the automatic budget (AutoBudget.stretch) runs plain decoding's own steps
+        # a plain stretch of the automatic budget (BudgetPolicy.stretch) runs plain decoding's own steps
         left, done, t_verify, t_step = 0, 0, 0.0, 0.0
         try:
             while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
@@ -359,8 +356,7 @@ class Engine:
                 else:
                     rec = run_step(tgt, dft, shape, self.budget, auto, last, remaining, choose, backend)
                     if auto is not None:
-                        auto.observe(rec)
-                        left = auto.stretch()
+                        left = auto.observe(rec)
                 st.add_step(rec)
                 for t in rec.tokens:
                     st.n_generated += 1

@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="JSON file")
     ap.add_argument("--budget", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="AutoBudget fields to override, e.g. measured_depth=False (as lab/budget_replay.py --set)")
+                    help="BudgetConfig fields to override, e.g. measured_depth=False (as lab/budget_replay.py --set)")
     a = ap.parse_args()
 
     from tfm_local.decode import budget as budget_module
@@ -44,7 +44,7 @@ def main() -> None:
     from tfm_local.files.datasets import load_prompt_set
 
     probes = []
-    real_observe_spec = budget_module.AutoBudget.observe_spec
+    real_observe_spec = budget_module.BudgetPolicy.observe_spec
 
     def observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw):
         was_probe = self.probing
@@ -52,18 +52,18 @@ def main() -> None:
         probes.append(dict(set=current.get("set"), probe=was_probe, n_nodes=n_nodes, verify_ms=1e3 * verify_s, draft_ms=1e3 * draft_s,
                            budget=budget, accepted=accepted, predicted=float(curve[budget - 1]),
                            ratio=self.ratio, draft_mean_ms=1e3 * self.draft_s,
-                           probe_cost_ms=None if self.probe_cost is None else 1e3 * self.probe_cost,
-                           probe_every=self._probe_every))
+                           probe_cost_ms=None if self.probes.probe_cost is None else 1e3 * self.probes.probe_cost,
+                           probe_every=self.probes.every))
 
-    budget_module.AutoBudget.observe_spec = observe_spec
+    budget_module.BudgetPolicy.observe_spec = observe_spec
     prompts_captured = []
-    real_observe_prompt = budget_module.AutoBudget.observe_prompt
+    real_observe_prompt = budget_module.BudgetPolicy.observe_prompt
 
     def observe_prompt(self, seconds):
         prompts_captured.append(dict(set=current.get("set"), ms=1e3 * seconds, speculating=self._spec))
         real_observe_prompt(self, seconds)
 
-    budget_module.AutoBudget.observe_prompt = observe_prompt
+    budget_module.BudgetPolicy.observe_prompt = observe_prompt
 
     import numpy as np
     import tfm_local.engine as engine_module
@@ -98,9 +98,9 @@ def main() -> None:
         from pathlib import Path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from budget_replay import parse_set
+        from dataclasses import replace
         state = eng._auto_for(tree)
-        for k, v in parse_set(a.budget).items():
-            setattr(state, k, v)
+        state.config = replace(state.config, **parse_set(a.budget))
     prompts = [(name, p) for name in a.set.split(",") for p in load_prompt_set(name, a.n)]
     sp = SamplingParams()
     modes = {"plain": 0, a.mode: "auto"}

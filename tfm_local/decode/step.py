@@ -14,10 +14,10 @@ is not in it yet and is the root of this step's tree. A step:
 
 The target captures the drafter's layer inputs only in the steps that need them (``capture``): every
 step of a fixed budget, and under the automatic budget the speculative steps and the plain steps just
-before one (``AutoBudget.capture``); a plain stretch then costs what plain decoding costs.
+before one (``StepPlan.capture``); a plain stretch then costs what plain decoding costs.
 
 ``run_step`` returns a ``StepRecord``; the statistics (``GenerationStats.add_step``) and the automatic
-budget (``AutoBudget.observe``) read it. With no drafter, or ``k = 0``, the same step is plain decoding:
+budget (``BudgetPolicy.observe``) read it. With no drafter, or ``k = 0``, the same step is plain decoding:
 the tree is the root alone. Method and sources: docs/design.md §1 and §5.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from .accept import walk_tree
-from .budget import AutoBudget, gain_curve
+from .budget import BudgetPolicy, StepPlan, gain_curve
 from .draft import DFlashDrafter
 from .methods import DraftMethod, make_method
 from .stats import PHASES, PhaseClock
@@ -133,7 +133,7 @@ DraftShape = make_method
 
 
 def run_step(target: Target, drafter: DFlashDrafter | None, method: DraftMethod, budget: int,
-             auto: AutoBudget | None, last: int, remaining: int, choose: Callable[[np.ndarray, int], int],
+             auto: BudgetPolicy | None, last: int, remaining: int, choose: Callable[[np.ndarray, int], int],
              backend_choice: bool) -> StepRecord:
     """One step after ``last`` (see the module doc); emits at most ``remaining`` tokens.
 
@@ -148,11 +148,12 @@ def run_step(target: Target, drafter: DFlashDrafter | None, method: DraftMethod,
     """
     pos = target.n_past
     k_max = draft_limit(budget, remaining, target)
-    k = auto.choose(k_max, remaining) if auto is not None else k_max
+    plan = auto.plan(k_max, remaining) if auto is not None else StepPlan.fixed(k_max)
+    k = plan.budget
     drafting = drafter is not None and k > 0
-    capture = drafter is not None and (drafting or auto is None or auto.capture)
+    capture = drafter is not None and (drafting or plan.capture)
     rec = StepRecord(pos=pos, budget=k if drafting else 0, n_nodes=1, tokens=[], capture=capture,
-                     probe=drafting and auto is not None and auto.probing)
+                     probe=drafting and plan.probe)
     clock = PhaseClock(rec.phases)
     if drafter is not None:
         rec.switched = set_capture(target, drafter, capture)
@@ -162,8 +163,7 @@ def run_step(target: Target, drafter: DFlashDrafter | None, method: DraftMethod,
             drafter.flush()
             clock.mark("drafter")
             rec.t_sync = rec.phases["drafter"]
-        k_plan = k if auto is None or auto.probing else k_max  # a probe drafts only k deep
-        tree, rec.curve = draft_tree(drafter, method, last, pos, k, k_plan, auto is not None, clock)
+        tree, rec.curve = draft_tree(drafter, method, last, pos, k, plan.depth, plan.curve, clock)
     else:
         tree = Tree.root(last)
     # verify → accept → commit
