@@ -621,7 +621,7 @@ def _simulate(auto: AutoBudget, n_steps: int, plain_s: float, pass_s, draft_s: f
 
 
 def h200_pass(n: int) -> float:
-    """The H200's default-pair verification as measured (2026-12-02): a 2-node probe pass 4.0 ms, a
+    """The H200's default-pair verification as measured: a 2-node probe pass 4.0 ms, a
     17-node one 4.3, a 65-node one 7.2 (capture and per-row reads included)."""
     return float(np.interp(n, [2, 17, 65], [0.0040, 0.0043, 0.0072]))
 
@@ -661,8 +661,8 @@ def test_exploration_finds_the_budget_a_gpu_can_afford():
 
 
 def test_a_cold_first_probe_cycle_does_not_space_the_probes_out():
-    """The H200 run of 2026-12-03: the first probe cycle of a process is cold (the drafter's first
-    pass, CUDA graphs of new shapes: 27.7 ms beyond its parts' ~5 ms, 2026-12-02), and its cost set
+    """An H200 run (docs/notebook/gpu.md): the first probe cycle of a process is cold (the drafter's first
+    pass, CUDA graphs of new shapes: 27.7 ms beyond its parts' ~5 ms), and its cost set
     the gap to the next probe at ~2,900 steps (0.5% of plain time), so on HumanEval the budget made
     2-3 probes in 6,000 tokens and never speculated where DDTree@16 ran at 1.21x plain. The first
     cycle is a warm-up: its cost does not space the probes; the second cycle's replaces it."""
@@ -691,7 +691,7 @@ def test_exploration_stops_where_passes_grow_with_their_size():
 
 def test_probe_spacing_has_the_probe_steps_own_cost_as_floor():
     """A probe cycle whose capturing steps were measured cheaper than plain ones (the ±5% noise of a
-    step on the 2-core CPU: 2026-12-03 the cycles' sums came out near 0 and the probes came every ~130
+    step on the 2-core CPU: in one run the cycles' sums came out near 0 and the probes came every ~130
     steps, ~1.5% of the time): the probe step's own cost beyond plain decoding (its pass and drafting,
     from the running costs) is the floor of the cycle's cost, and so of the probes' spacing."""
     from tfm_local.decode.step import StepRecord
@@ -716,7 +716,7 @@ def test_probe_spacing_has_the_probe_steps_own_cost_as_floor():
 
 
 def test_a_cold_pass_of_a_new_size_does_not_price_that_size_out():
-    """The H200 run of 2026-12-03 (HumanEval, 10 prompts): the probe that explored 16 nodes measured
+    """An H200 run (HumanEval, 10 prompts; docs/notebook/gpu.md): the probe that explored 16 nodes measured
     32 ms (the first pass of a new shape loads its kernels; warm it takes 4.3), that one sample was
     never replaced, and the budget stayed with 8-node probes that did not pay while DDTree@16 ran at
     1.25x plain. A size measured once is measured again before its cost prices anything."""
@@ -747,7 +747,7 @@ def test_speculation_that_pays_is_not_stopped_by_the_ratios_noise():
 
 
 def test_on_a_gpu_the_budget_keeps_few_pass_shapes():
-    """H200, 2026-12-03 (docs/gpu.md): with every size allowed the budget moved by one node a step (16,
+    """H200 (docs/notebook/gpu.md): with every size allowed the budget moved by one node a step (16,
     15, 14, … 5 on HumanEval); upstream ggml-cuda keeps one CUDA graph per context, so each pass of a new
     size ran kernel by kernel (a speculative step 8.2 ms against DDTree@16's steady 6.6), that cost priced
     its size out, the next size down was tried, and the budget stopped speculating where DDTree@16 ran at
@@ -848,7 +848,7 @@ def _simulate_generations(auto: AutoBudget, kinds: list[float], length: int = 20
                           prompt_s: float = 0.004) -> dict:
     """Generations of ``length`` tokens (``max_tokens`` asked for: the end-of-generation token comes first),
     one per entry of ``kinds`` (the probability that the drafter is right at a position on that prompt),
-    on H200-like costs as measured 2026-12-03/04 (docs/gpu.md): a plain step ``plain_s``, a capturing
+    on H200-like costs as measured (docs/gpu.md): a plain step ``plain_s``, a capturing
     one ``capture_s`` more, a capture switch ``switch_s``, a probe ``probe_extra_s`` beyond its pass and
     drafting, a captured prompt ``prompt_s`` more in its prefill. Returns the time against plain
     decoding's for the same tokens (prefills' extra included) and the generations that speculated."""
@@ -921,7 +921,7 @@ def test_probes_that_pay_come_every_few_generations_and_futile_ones_stay_cheap()
 def test_a_generations_first_speculative_step_weighs_as_a_probe():
     """Speculation carried over from the last answer keeps that answer's calibration and gain curve; its
     first step in a new generation enters with a probe's weights (``alpha_probe``, ``curve_probe``), the
-    steps after it with the running ones (H200 MT-Bench, 2026-12-04: two answers speculated through 135
+    steps after it with the running ones (H200 MT-Bench: two answers speculated through 135
     and 26 steps at 0.77-0.78x plain on the statistics of the answer before)."""
     from tfm_local.decode.step import StepRecord
 
