@@ -848,7 +848,7 @@ def _simulate_generations(auto: AutoBudget, kinds: list[float], length: int = 20
                           prompt_s: float = 0.004) -> dict:
     """Generations of ``length`` tokens (``max_tokens`` asked for: the end-of-generation token comes first),
     one per entry of ``kinds`` (the probability that the drafter is right at a position on that prompt),
-    on H200-like costs as measured (docs/gpu.md): a plain step ``plain_s``, a capturing
+    on H200-like costs as measured (docs/notebook/gpu.md): a plain step ``plain_s``, a capturing
     one ``capture_s`` more, a capture switch ``switch_s``, a probe ``probe_extra_s`` beyond its pass and
     drafting, a captured prompt ``prompt_s`` more in its prefill. Returns the time against plain
     decoding's for the same tokens (prefills' extra included) and the generations that speculated."""
