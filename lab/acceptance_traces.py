@@ -5,7 +5,7 @@ Usage: PYTHONPATH=. python lab/acceptance_traces.py BENCH.json OUT.npz [--sets h
        [--prompts 40] [--top-k 8]
 
 BENCH.json is a tfm-bench result holding the output ids of its plain greedy runs (an unstripped one, or
-docs/results/answers-h200-greedy-n40.json, the H200's of 2026-12-04): those answers are the target's greedy decoding, and every speculative step of any
+docs/results/answers-h200-greedy-n40.json, the H200's): those answers are the target's greedy decoding, and every speculative step of any
 budget would have continued them. For each answer the target takes prompt + answer in one prefill with
 the drafter's layer inputs captured; the drafter then drafts one block (the full depth, block size - 1)
 after the prompt's last token and after every answer token but the last (row i drafts the answer's tokens

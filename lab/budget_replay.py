@@ -13,7 +13,7 @@ the costs below. ``--fixed B`` replays a fixed budget instead (DDTree@16 is ``--
 15``), which checks the traces and costs against a bench. ``--set`` overrides BudgetConfig fields
 (``budget.GPU`` is the base), e.g. ``--set overhead=0.0025``.
 
-Costs (H200, default pair, ms; tfm-bench's phases of 2026-12-04 and llama-bench's pass sizes, docs/gpu.md):
+Costs (H200, default pair, ms; tfm-bench's phases and llama-bench's pass sizes, docs/notebook/gpu.md):
 a plain step 1.88; a verification of n nodes (submit + pass + accept) 1.88 / 2.32 / 2.96 / 4.04 / 5.32 /
 6.9 / 10.2 at n = 1 / 2 / 4 / 8 / 16 / 32 / 64; drafting 1.3 (pass, top-K, tree); a capturing plain step
 0.35 more, a capture switch 1.5, a probe 3 more (injection of the deferred rows), a captured prompt 10 in

@@ -1,4 +1,4 @@
-"""Does the automatic budget cost anything while it decodes plainly? (docs/cpu.md, 2026-12-04)
+"""Does the automatic budget cost anything while it decodes plainly? (docs/cpu.md)
 
     PYTHONPATH=. python lab/measure_auto_plain.py [--tiny-gens 30] [--set mtbench] [-n 10] [--tokens 96]
 

@@ -78,7 +78,7 @@ def test_reduced_logits_equal_full_on_kept_ids_and_are_minus_inf_elsewhere(files
     ids = files["ids"]
     off = np.setdiff1d(np.arange(320), ids)
     # on CUDA an f32 head goes through a matrix product whose kernel depends on the row count (320 rows
-    # full, fewer reduced): the H200 gave up to 0.0087 apart on logits of size ~5 (2026-12-01); q8_0 and
+    # full, fewer reduced): the H200 gave up to 0.0087 apart on logits of size ~5; q8_0 and
     # the CPU agree to rounding
     tol = dict(rtol=0, atol=2e-2) if gpu_available() and head == "tied-f32" else dict(rtol=1e-5, atol=1e-4)
     for full, red in run_pair(target, [files["drafter"], reduced]):

@@ -30,7 +30,7 @@ def close(a, b) -> bool:
 
     Upstream llama.cpp itself moves these logits by up to 1.9e-3 (relative) between decoding a path
     alone and the same path inside a 64-row batch (other matmul and chunked-DeltaNet shapes, amplified
-    by the random weights); the tree's largest difference measured is 1.7e-3 (CPU, 2026-11-29); per
+    by the random weights); the tree's largest difference measured is 1.7e-3 (CPU); per
     arch at 1 CPU thread: qwen35 6.8e-4, qwen35moe 1.0e-3, qwen3next 8.0e-4 (docs/gdn-tree.md).
     """
     return close_or_tie(a, b)

@@ -50,7 +50,7 @@ def path_of(parents, node):
 
 #: Logit tolerance relative to the largest logit. The CPU kernels for a batch and for one row agree
 #: to ~1e-3; on CUDA the batched matmuls take other (tensor-core) paths than single-row decoding and
-#: differed by up to ~0.7% on these tiny F32 targets (H200, 2026-11-29), so an argmax flip is then
+#: differed by up to ~0.7% on these tiny F32 targets (H200), so an argmax flip is then
 #: accepted only within a near-tie.
 REL_TOL = 1.5e-2 if gpu_available() else 2e-3
 

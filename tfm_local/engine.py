@@ -30,7 +30,7 @@ from .stops import StopMatcher
 #: environment variable TFM_GREEDY_ARGMAX (backend|host) overrides "auto". From measurements: on the
 #: 2-core CPU equal within noise (docs/cpu.md), so "host"; on the H200 the backend argmax (one
 #: ggml_argmax over all rows, patch 0007's multi-block kernel) made a 16-token verify 4.33 ms and a
-#: 64-token one 7.24 ms against 4.86 and 10.5 with the logits copied (docs/gpu.md, 2026-11-30).
+#: 64-token one 7.24 ms against 4.86 and 10.5 with the logits copied (docs/gpu.md).
 ARGMAX_MODES = ("auto", "backend", "host")
 CPU_ARGMAX = "host"
 GPU_ARGMAX = "backend"

@@ -13,7 +13,7 @@ the census of DDTree@64/@128 outputs against plain greedy decoding):
 * the 2-core AVX-512 CPU with llama.cpp's weight repacking: passes of 1-3 rows equal 1-token
   decoding bit for bit, passes of 4 or more rows move the gap between two tokens by up to 0.79 (0.92
   counting the drift of caches built by other batch sizes): ``CPU_TIE_GAP`` = 1.0 for every size;
-* CUDA on the H200, the default Q4_K_M target (2026-12-02, 43 paths per size, 59 prompts of census):
+* CUDA on the H200, the default Q4_K_M target (43 paths per size, 59 prompts of census):
   passes of 2-8 nodes move a gap between near competitors by at most 0.29 (``TIE_GAP`` = 0.5), passes
   of 16 by 0.82, of 64 and 128 by 1.44 (``WIDE_TIE_GAP`` = 1.5 from ``WIDE_NODES`` = 16 nodes on); an
   argmax flipped by a 128-node pass had a 1-token gap of 0.61. The 63 divergences of the census all

@@ -38,7 +38,7 @@ rule: np.argmax of each row, exact ties to the lowest id like CUDA's backend arg
    the pass's pick). n = 1 is the same computation twice (0 unless the backend is not deterministic).
    The largest ``gap_shift`` per backend and n is the near-tie gap that rule would need
    (``tfm_local.lossless.tie_gap``: 1.0 on the CPU, from this script's CPU run; on CUDA 0.5 below 16
-   nodes and 1.5 from 16 on, from its H200 run of 2026-12-02).
+   nodes and 1.5 from 16 on, from its H200 run, docs/results/divergence-h200.json).
 
 Time: the census stops at (1 - ``--spread-share``) of ``--time-limit``, the spread at the limit (a prompt
 or tree under way finishes first: a few seconds on a GPU, up to a minute on 2 CPU cores); the JSON is

@@ -4,7 +4,7 @@ second time every shape has been seen). Each engine call on the way to the first
 a timer that synchronizes the target's and the drafter's contexts before and after it, so the parts add
 up to the wrapped total; an unwrapped round gives the engine's own time to first token beside it.
 
-On the H200 (2026-12-04) a captured prompt's first token came ~9.6 ms later than plain decoding's while
+On the H200 a captured prompt's first token came ~9.6 ms later than plain decoding's while
 its parts measured apart (lab/gpu/prompt_capture.py: the features' read 0.5 ms, the drafter's injection
 2.5 ms, the capture itself 0.05 ms) add up to ~3 ms; this finds the rest.
 

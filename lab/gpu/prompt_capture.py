@@ -2,7 +2,7 @@
 inputs captured, reading those features to the host, and the drafter's injection of them (in one pass, a
 second time at the same row count, and in power-of-two pieces of shapes the engine's warm-up has run).
 
-On the H200 (2026-12-04) a generation of the automatic budget whose prompt was captured took 11.2 ms +
+On the H200 a generation of the automatic budget whose prompt was captured took 11.2 ms +
 0.005 ms a prompt token longer to its first token than plain decoding's (docs/gpu.md), about what a probe's own step costs; this
 finds where that goes. Every timed part ends with a synchronize of the context it ran on.
 

@@ -95,7 +95,7 @@ def draft_limit(budget: int, remaining: int, target: Target) -> int:
     On a GPU (``target.model.on_gpu``) the tokens still wanted bound it only when one is left: there
     a pass replays its CUDA graph only when its size is the last pass's, so a tree cut to the tokens
     still wanted at a generation's end cost a pass without the graph at each of its last steps and at
-    the step after each (a third of DDTree@16's steps in 128-token generations, 2026-12-03, H200); the
+    the step after each (a third of DDTree@16's steps in 128-token generations on the H200); the
     acceptance walk still stops at ``remaining`` tokens. On the CPU a pass costs in proportion to its
     nodes, and the cut saves them."""
     wanted = remaining - 1 if not target.model.on_gpu or remaining <= 1 else budget

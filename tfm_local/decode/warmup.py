@@ -3,7 +3,7 @@
 On a GPU the first pass of a new shape is dear: CUDA loads the kernels it launches on first use
 (lazy module loading: the quantized mat-vec kernels are compiled per row count 1..8, the mat-mul
 tiles per multiple of 8, the attention kernels per column count) and llama.cpp captures a graph.
-On the H200 (2026-12-03, default pair) a first 16-node verification took 49 ms against 6 after, a
+On the H200 (default pair) a first 16-node verification took 49 ms against 6 after, a
 first drafter pass 32 ms against 3, so the automatic budget's first probes cost 10-25 plain steps
 each inside the user's generation. ``warm_up`` pays those costs at load (a fraction of a second on
 the H200) and measures each verification size's warm cost for the automatic budget, which can then
