@@ -4,6 +4,8 @@ Subcommands (see docs/training.md for the full GPU run):
   prompts         tokenize the ShareGPT prompt selection (for `data --prompts` where llama.cpp is absent)
   data            generate the corpus: the target's own responses, greedy or sampled (resumable, appendable)
   emphasis        the prompts of a prompt file that ask for writing or role-play (for fit --emphasis)
+  kinds           the kind of each prompt of a prompt file (for fit --kinds: the held-out walk per kind)
+  walk            engine-style τ (chain, DDTree@16) of drafters walking recorded responses (walk.py)
   fit             train the drafter on the corpus (resumable), then export it
   export          z-lab layout + GGUF (f16, q8_0) from a checkpoint
   check-features  PyTorch vs llama.cpp layer inputs of the target (cosine per layer)
@@ -105,6 +107,51 @@ def cmd_emphasis(args) -> None:
     order = order_key(pf.meta["selection"], pf.meta["max_prompt_tokens"])
     save_emphasis(args.out, hit, order, f"writing: {WRITING.pattern} unless: {CODE.pattern}")
     print(f"{args.out}: {len(hit)} of {len(ranks)} prompts ask for writing or role-play")
+
+
+def cmd_kinds(args) -> None:
+    """``tfm-train kinds``: the kind of each prompt of a prompt file (role-play, code, math, writing, other)."""
+    from collections import Counter
+
+    from tfm_local.train.corpus import order_key
+    from tfm_local.train.emphasis import prompt_kind, save_kinds
+    from tfm_local.train.prompts import PromptFile, Selection, select_prompts
+
+    pf = PromptFile.load(args.prompts)
+    texts = select_prompts(Selection(**pf.meta["selection"]))
+    ranks = [r for r, x in enumerate(pf.ids) if x is not None]
+    kinds = [prompt_kind(texts[r]) for r in ranks]
+    save_kinds(args.out, ranks, kinds, order_key(pf.meta["selection"], pf.meta["max_prompt_tokens"]))
+    print(f"{args.out}: " + ", ".join(f"{k} {n}" for k, n in sorted(Counter(kinds).items())))
+
+
+def cmd_walk(args) -> None:
+    """``tfm-train walk``: engine-style τ of each drafter over the sequences of a sequence file."""
+    import json
+
+    import torch
+
+    from tfm_local.files.atomic import write_json
+    from tfm_local.train.model import DFlashDraft
+    from tfm_local.train.target_torch import TorchTarget
+    from tfm_local.train.walk import load_sequences, walk_tau
+    from tfm_local.train.warmstart import load_init_source, load_source
+
+    seqs, kinds, cap = load_sequences(args.seqs)
+    target, device = _target(args.target), _device(args.device)
+    cuda = device.startswith("cuda")
+    tgt = TorchTarget(target, device, torch.bfloat16 if cuda else torch.float32)
+    rows = []
+    for path in args.drafter:
+        src = load_init_source(path, target)
+        drafter = DFlashDraft(src.config).to(device)
+        load_source(drafter, src)
+        res = walk_tau(drafter, tgt, seqs, torch.device(device), cuda, kinds, args.max_tokens or cap)
+        rows.append({"drafter": path, **res})
+        print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        write_json(args.json, {"seqs": args.seqs, "target": target, "max_tokens": args.max_tokens or cap,
+                               "results": rows})
 
 
 def _prompt_source(args, target):
@@ -219,7 +266,7 @@ def cmd_fit(args) -> None:
     shape = ShapeRequest(args.layers, args.ffn, args.target_layers, args.mask_token, True if args.dflash2 else None,
                          args.selector_rank)
     ckpt = fit(args.corpus, target, args.out, opts, None, _device(args.device),
-               restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers)
+               restart=args.restart, init_from=args.init_from, shape=shape, grow=args.grow_layers, kinds=args.kinds)
     if not is_main_process():  # under torchrun rank 0 alone reports and exports
         return
     print(f"checkpoint: {ckpt}")
@@ -396,6 +443,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output emphasis .npz (for fit --emphasis)")
     p.set_defaults(func=cmd_emphasis)
 
+    p = sub.add_parser("kinds", help="the kind of each prompt of a prompt file (for fit --kinds)")
+    p.add_argument("--prompts", required=True, help="prompt file (`tfm-train prompts`) the corpora came from")
+    p.add_argument("--out", required=True, help="output kinds .npz")
+    p.set_defaults(func=cmd_kinds)
+
+    p = sub.add_parser("walk", help="engine-style τ of drafters walking recorded responses")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, nargs="+", help="drafter GGUFs, checkpoints or z-lab folders")
+    p.add_argument("--seqs", required=True, help="sequence file (walk.save_sequences; lab/gpu/bench_seqs.py)")
+    p.add_argument("--max-tokens", type=_positive_int, default=None, help="generation cap (default: the file's)")
+    p.add_argument("--device", default="auto", help="cuda or cpu (default cuda when available)")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.set_defaults(func=cmd_walk)
+
     p = sub.add_parser("fit", help="train the drafter (resumable), then export")
     p.add_argument("--corpus", required=True, nargs="+", help="corpus folder(s) of the target, trained on together")
     p.add_argument("--target", required=True)
@@ -431,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emphasis file (`tfm-train emphasis`): train more often on these prompts' sequences")
     p.add_argument("--emphasis-times", type=_positive_int, default=None, metavar="K",
                    help="with --emphasis: each of those sequences K times per epoch (default 2)")
+    p.add_argument("--kinds", default=None, metavar="FILE",
+                   help="kinds file (`tfm-train kinds`): the held-out walk also per kind of prompt")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps in total")
     p.add_argument("--time-budget", type=_positive_float, default=None, metavar="MIN",
                    help="end the fit (schedule included) within MIN minutes of wall clock")

@@ -36,6 +36,54 @@ CODE = re.compile(r"\b(code|python|javascript|typescript|sql|bash|html|css|regex
                   r"developer|function|(python|bash|shell|powershell|google app) script)\b")
 
 
+# the kinds of prompt the held-out walk reports (``walk.walk_tau``), first match wins: role-play, code,
+# math, writing; "other" for the rest
+ROLEPLAY = re.compile(r"\b(act as|pretend (to be|you are|you're)|role[- ]?play|you are (a|an|my) \w+|imagine you are|"
+                      r"in the style of)\b")
+MATH = re.compile(r"\b(math|solve|equation|calculate|compute the|integral|derivative|probability|algebra|"
+                  r"geometry|how many|how much|percent|sum of|prove)\b|\d+\s*[-+*/^×÷]\s*\d+")
+KINDS = ("roleplay", "code", "math", "writing", "other")
+
+
+def prompt_kind(prompt: str | list[dict]) -> str:
+    """The kind of a prompt by its last user message (lower-cased): one of ``KINDS``."""
+    t = last_user_text(prompt).casefold()
+    if ROLEPLAY.search(t):
+        return "roleplay"
+    if CODE.search(t):
+        return "code"
+    if MATH.search(t):
+        return "math"
+    return "writing" if WRITING.search(t) else "other"
+
+
+def save_kinds(path: str | os.PathLike, ranks: np.ndarray, kinds: list[str], order: str) -> Path:
+    """Write a kinds file atomically: ``ranks`` int32, ``kind`` uint8 (index into ``KINDS``), ``order``
+    (the prompt order, as an emphasis file's); returns its path."""
+    with atomic_output(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, ranks=np.asarray(ranks, dtype=np.int32), kind=np.array([KINDS.index(k) for k in kinds], np.uint8),
+                     order=np.frombuffer(order.encode(), np.uint8))
+    return Path(path)
+
+
+def load_kinds(path: str | os.PathLike) -> tuple[str, dict[int, str]]:
+    """(prompt order JSON, {rank: kind}) of a kinds file.
+
+    Raises:
+        FileNotFoundError: no such file. CorruptArtifactError: not a kinds file.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"kinds file not found: {path}")
+    try:
+        with np.load(path) as z:
+            ranks, kind, order = z["ranks"], z["kind"], bytes(z["order"]).decode()
+        json.loads(order)
+        return order, {int(r): KINDS[int(k)] for r, k in zip(ranks, kind, strict=True)}
+    except Exception as e:
+        raise CorruptArtifactError(f"{path} is not a kinds file (tfm-train kinds): {type(e).__name__}: {e}") from e
+
+
 def last_user_text(prompt: str | list[dict]) -> str:
     """The text of a prompt's last user message (a first turn is the prompt itself; "" without one)."""
     if isinstance(prompt, str):

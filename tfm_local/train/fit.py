@@ -32,12 +32,13 @@ from .batching import make_batch, plan_batches, usable
 from .checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 from .corpus import corpus_id, is_reference, load_corpus, order_key, read_manifest, target_identity
 from .errors import TrainError
-from .emphasis import emphasise
+from .emphasis import emphasise, load_kinds
 from .heldout import eval_batches, evaluate, split
 from .model import DFlashDraft
 from .parallel import Comm, process_group
 from .recipe import FitOptions, acceptance_proxy, block_loss, lr_factor, position_weights
 from .timebudget import TimeBudget
+from .walk import walk_tau
 from .warmstart import ShapeRequest, grow_layers, load_init_source, load_source
 
 CKPT = "checkpoint.pt"
@@ -124,7 +125,7 @@ class _Run:
     """
 
     def __init__(self, corpus, target, out, opts, config, comm: Comm, init_from=None, shape=None, grow=None,
-                 restart=False, accumulate=1):
+                 restart=False, accumulate=1, kinds=None):
         from .target_torch import TorchTarget
 
         self.out, self.opts, self.comm, self.device = Path(out), opts, comm, comm.device
@@ -137,6 +138,7 @@ class _Run:
         if not keep:
             raise TrainError(f"corpus {corpus} has no sequence with a response of 2+ tokens")
         self.seqs, self.heldout = split([seqs[i] for i in keep], opts.holdout)
+        self.heldout_kinds = _heldout_kinds(self.heldout, kinds)
         self.seqs, self.n_emphasised = emphasise(self.seqs, opts.emphasis, opts.emphasis_times)
         if self.heldout and opts.eval_every < 1:
             raise TrainError(f"eval_every must be >= 1 with held-out sequences, got {opts.eval_every}")
@@ -233,10 +235,14 @@ class _Run:
             "target_sha256": self.ident["sha256"], "target_name": self.ident["name"],
             "init_from": self.init_record})
 
-    def evaluate(self, weights) -> dict:
-        """Held-out loss and acceptance proxy at the current step (``heldout.evaluate``)."""
-        return evaluate(self.drafter, self.target, self.eval_set, weights, self.config.block_size, self.device,
+    def evaluate(self, weights, engine: bool = False) -> dict:
+        """Held-out loss and acceptance proxy at the current step (``heldout.evaluate``); with ``engine``
+        also the held-out responses walked as the engine does (``walk.walk_tau``: chain, DDTree@16, per kind)."""
+        held = evaluate(self.drafter, self.target, self.eval_set, weights, self.config.block_size, self.device,
                         self.cuda)
+        if engine:
+            held.update(walk_tau(self.drafter, self.target, self.heldout, self.device, self.cuda, self.heldout_kinds))
+        return held
 
     def steps(self):
         """(step, this rank's Batches, batches in the step) from the current step to the end, deterministically.
@@ -265,10 +271,31 @@ class _Run:
                           self.config.mask_token_id, self.opts.max_len, rng)
 
 
+def _heldout_kinds(heldout: list, path) -> list | None:
+    """The kind of each held-out sequence's prompt by a kinds file (None where the file has none for it;
+    None for all without a file). Raises TrainError: the file is of another prompt order than any held-out
+    sequence's."""
+    if path is None:
+        return None
+    order, kinds = load_kinds(path)
+    if heldout and not any(s.prompt_order == order for s in heldout):
+        raise TrainError(f"{path} names prompts of another prompt order than the held-out sequences': "
+                         "build it from the prompt file the last corpus was generated from")
+    return [kinds.get(s.prompt_index) if s.prompt_order == order else None for s in heldout]
+
+
+def _walked(held: dict) -> str:
+    """The engine-style walk's τ of an evaluation, for the progress line ("" without one)."""
+    if "walk_chain" not in held:
+        return ""
+    return f", walked chain {held['walk_chain']:.3f}, ddtree@16 {held['walk_ddtree@16']:.3f}"
+
+
 def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.PathLike, opts: FitOptions,
         config: DFlashConfig | None = None, device: str = "cpu", progress: bool = True,
         restart: bool = False, init_from: str | os.PathLike | None = None,
-        shape: ShapeRequest | None = None, grow: int | None = None, accumulate: int = 1) -> Path:
+        shape: ShapeRequest | None = None, grow: int | None = None, accumulate: int = 1,
+        kinds: str | os.PathLike | None = None) -> Path:
     """Train (or resume training) a drafter; returns the final checkpoint path.
 
     Args:
@@ -292,6 +319,8 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
         accumulate: batches each process computes per step, their gradients averaged (default 1).
             One process with ``accumulate`` k takes the steps of a fit over k processes (tests check
             a data-parallel fit with it); not a command-line option.
+        kinds: a kinds file (``tfm-train kinds``): the held-out walk (at the start of a warm-started run and
+            at the end) is also reported per kind of prompt.
 
     Under torchrun (``WORLD_SIZE`` > 1) the fit is data-parallel (``parallel``): a step takes
     ``WORLD_SIZE`` × ``accumulate`` batches, ``opts.max_steps`` and the log count these steps,
@@ -312,7 +341,7 @@ def fit(corpus: str | os.PathLike, target: str | os.PathLike, out: str | os.Path
     if accumulate < 1:
         raise TrainError(f"accumulate must be >= 1, got {accumulate}")
     with process_group(device) as comm:
-        run = _Run(corpus, target, out, opts, config, comm, init_from, shape, grow, restart, accumulate)
+        run = _Run(corpus, target, out, opts, config, comm, init_from, shape, grow, restart, accumulate, kinds)
         if restart and comm.main and (out / CKPT).exists():  # discarded only once the new run's settings were accepted
             (out / CKPT).unlink()
         _train(run, progress and comm.main)
@@ -344,9 +373,10 @@ def _train(run: _Run, progress: bool) -> None:
             print(f"warning: no training sequence is of a prompt of {run.opts.emphasis}: nothing is repeated",
                   file=sys.stderr)
     if new_run and run.init_record and run.eval_set:  # the starting point's held-out score (e.g. a q4_0 GGUF's)
-        held = run.evaluate(weights)
+        held = run.evaluate(weights, engine=True)
         write({"step": 0, **held})
-        bar.write(f"step 0 (--init-from): held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}")
+        bar.write(f"step 0 (--init-from): held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}"
+                  f"{_walked(held)}")
     budget = (TimeBudget(opts.time_budget_s, t0, run.step, run.total, opts.save_every)
               if opts.time_budget_s is not None and comm.main else None)
     try:
@@ -382,9 +412,10 @@ def _train(run: _Run, progress: bool) -> None:
                 write({"step": run.step, "loss": lv, "tau": tau, "lr": lr, "total": run.total,
                        "elapsed_s": round(time.time() - t0, 1)})
             if run.eval_set and (run.step % opts.eval_every == 0 or run.step == run.total):
-                held = run.evaluate(weights)
+                held = run.evaluate(weights, engine=run.step == run.total)
                 write({"step": run.step, **held})
-                bar.write(f"step {run.step}: held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}")
+                bar.write(f"step {run.step}: held-out loss {held['heldout_loss']:.3f}, tau {held['heldout_tau']:.2f}"
+                          f"{_walked(held)}")
             if run.step % opts.save_every == 0:
                 comm.check_same(run.drafter, run.step)
                 if comm.main:

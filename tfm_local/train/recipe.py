@@ -167,6 +167,21 @@ def block_loss(drafter: DFlashDraft, target, batch: Batch, weights: torch.Tensor
 HEAD_CHUNK = 8192  # rows of the LM head computed at once: bounds the [rows, n_vocab] logits in memory
 
 
+def head_topk(lm_head, h: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top-``k`` token ids, their logits, the log-normaliser ``[..., 1]``) of ``lm_head(h)``, ``h`` split
+    along its first dimension in pieces of ``chunk`` (the full logits are never kept)."""
+    parts = []
+    for c in h.split(chunk):
+        logits = lm_head(c).float()
+        vals, ids = logits.topk(k, -1)
+        parts.append((ids, vals, torch.logsumexp(logits, -1, keepdim=True)))
+    if not parts:
+        z = h.new_zeros(*h.shape[:-1], k)
+        return z.long(), z, z[..., :1]
+    ids, vals, lse = (torch.cat(t) for t in zip(*parts))
+    return ids, vals, lse
+
+
 def selector_loss(drafter: DFlashDraft, lm_head, h: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor,
                   w: torch.Tensor, autocast: bool, chunk: int = HEAD_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """DFlash2's selector loss over labelled block positions (see the module doc).

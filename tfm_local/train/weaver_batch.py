@@ -10,6 +10,7 @@ import torch
 from .batching import IGNORE, Batch
 from .heldout import eval_batches
 from .model import DFlashDraft, block_mask
+from .recipe import head_topk
 from .weaver import Weaver
 
 
@@ -63,16 +64,8 @@ def weaver_inputs(target, drafter: DFlashDraft, batch: Batch, top_k: int) -> Wea
     bi, ai = batch.anchor_ok.nonzero(as_tuple=True)
     anchors = batch.anchors[bi, ai]
     h_drafter = h[bi, ai, 1:].float()                                    # [N, D, H_d]
-    k = min(top_k, target.head.shape[0])
-    parts = []  # per chunk of drafts: the top-k logits, their ids and the log-normaliser (full logits never kept)
-    for c in h_drafter.split(64):
-        logits = target.lm_head(c).float()
-        parts.append((*logits.topk(k, -1), torch.logsumexp(logits, -1, keepdim=True)))
-    if parts:
-        cand_logit, cand, lse = (torch.cat(t) for t in zip(*parts))
-    else:
-        cand_logit = h_drafter.new_zeros(0, S - 1, k)
-        cand, lse = cand_logit.long(), cand_logit[..., :1]
+    # 64 drafts at a time: the top-k ids and logits and the log-normaliser (full logits never kept)
+    cand, cand_logit, lse = head_topk(target.lm_head, h_drafter, min(top_k, target.head.shape[0]), 64)
     cand_logp = cand_logit - lse
     labels = batch.labels.view(B, A, S)[bi, ai, 1:]
     root = batch.noise.view(B, A, S)[bi, ai, 0]
