@@ -2,7 +2,7 @@
 
 The fit's held-out proxy (``heldout.evaluate``) averages the accepted length over anchors drawn
 uniformly from the responses, so easy stretches (long runs the drafter gets right) weigh as much as the
-hard ones where a decode spends its steps: it read 3.7–3.8 where ``tfm-bench`` read 2.4–3.7 (issue 50).
+hard ones where a decode spends its steps: it read 3.7–3.8 where ``tfm-bench`` read 2.4–3.7.
 Here each response is walked with the engine's step rule (``bench.replay.replay_chain``'s): the first
 response token comes from the prefill, every step anchors on the last token emitted, drafts
 ``min(block - 1, tokens left - 1)`` tokens, accepts the longest prefix the target's tokens spell (the
