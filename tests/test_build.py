@@ -14,7 +14,7 @@ NO_AMX = build.NO_AMX_FLAGS
 
 @pytest.fixture
 def env(monkeypatch):
-    for k in ("TFM_CUDA", "TFM_CUDA_ARCHS", "TFM_CMAKE_ARGS", "TFM_AMX", "CFLAGS", "CXXFLAGS"):
+    for k in ("TFM_CUDA", "TFM_CUDA_ARCHS", "TFM_CMAKE_ARGS", "TFM_AMX", "TFM_CPU_ISA", "CFLAGS", "CXXFLAGS"):
         monkeypatch.delenv(k, raising=False)
     return monkeypatch
 
@@ -32,6 +32,19 @@ def test_amx_flags_only_on_an_amx_cpu_and_not_when_asked_to_keep_amx(env):
     env.delenv("TFM_AMX")
     env.setattr(build, "_cpu_has_amx", lambda: False)
     assert not _flags(build.cmake_args(), "CMAKE_C_FLAGS")
+
+
+def test_a_narrowed_build_turns_native_detection_and_avx512_off(env):
+    """TFM_CPU_ISA=avx2 (``make test-narrow``): ggml's own switches for an AVX2-only CPU, native detection
+    off, so the build key differs from the native build's; an unknown set is refused before any build."""
+    native_key = build.variant_key()
+    env.setenv("TFM_CPU_ISA", "avx2")
+    args = build.cmake_args()
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"} <= set(args)
+    assert build.variant_key() != native_key
+    env.setenv("TFM_CPU_ISA", "avx9")
+    with pytest.raises(SystemExit, match="TFM_CPU_ISA='avx9' is not one of avx2"):
+        build.cmake_args()
 
 
 def test_user_flags_are_merged_not_replaced(env):
@@ -116,3 +129,15 @@ def test_dev_experiments_stay_out_of_the_build_key(tmp_path, monkeypatch):
     assert build.build_key() == key
     (root / "patches" / PATCHES[-1].name).write_text(PATCHES[-1].read_text() + "\n")
     assert build.build_key() != key
+
+
+def test_no_repack_turns_llama_cpps_weight_repacking_off(monkeypatch):
+    """TFM_NO_REPACK=1 (``make test-narrow``) loads every model without llama.cpp's extra buffer types
+    (the repacked Q4_0/Q4_K GEMM weights), so batches run the plain per-row kernels; on by default."""
+    from tfm_local.llama.model import model_params
+
+    monkeypatch.delenv("TFM_NO_REPACK", raising=False)
+    assert model_params(0).use_extra_bufts
+    monkeypatch.setenv("TFM_NO_REPACK", "1")
+    p = model_params(0)
+    assert not p.use_extra_bufts and p.n_gpu_layers == 0
