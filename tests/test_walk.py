@@ -22,7 +22,7 @@ def one_thread(one_torch_thread):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(target path, TorchTarget, a random 1-layer drafter of it)."""
-    from tfm_local.train.fit import drafter_config
+    from tfm_local.train.warmstart import drafter_config
     from tfm_local.train.model import DFlashDraft
     from tfm_local.train.target_torch import TorchTarget
 
@@ -127,7 +127,8 @@ def test_fit_logs_the_walk_at_the_start_and_the_end_per_kind(pair, tmp_path):
     carry the walked chain and DDTree@16 τ, per kind; the evaluations between carry none. A kinds file of
     another prompt order is refused."""
     from tfm_local.train.emphasis import save_kinds
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
     from tfm_local.train.recipe import FitOptions
 
     path = pair[0]
@@ -155,7 +156,8 @@ def test_cli_walk_reads_a_sequence_file(pair, tmp_path, capsys):
     """``tfm-train walk``: each drafter's τ over a sequence file's responses, per kind, under the file's cap;
     a corrupt file is one clear line."""
     from tfm_local.cli.train import main
-    from tfm_local.train.fit import drafter_config, fit
+    from tfm_local.train.fit import fit
+    from tfm_local.train.warmstart import drafter_config
     from tfm_local.train.recipe import FitOptions
     from tfm_local.train.walk import load_sequences, save_sequences
 

@@ -841,12 +841,11 @@ def test_dartree_width_above_the_limit_is_refused_clearly(pair, dartree_weaver, 
     want, _ = _host_dartree(rt, embed, ht, hd, root, cand, logit, 16, lim, -0.2)
     _same_tree(rt.dartree(root, ht, hd, cand, logit, 16, lim, -0.2), want, lim)
     tfm = TfmDrafter(rt, embed)
-    tfm.h_target = ht
     for width in (lim + 1, 10**6):
         with pytest.raises(ValueError, match=f"width {width} is outside 1..{lim}"):
             rt.dartree(root, ht, hd, cand, logit, 16, width, -0.2)
         with pytest.raises(ValueError, match=f"1..{lim}"):
-            tfm.dartree(root, cand, logit, hd, 16, width=width)
+            tfm.dartree(root, ht, cand, logit, hd, 16, width=width)
         assert _raw_dartree(rt, ht, hd, cand[:2], logit[:2], root, width, 16) == -4
     assert _raw_dartree(rt, ht, hd, cand[:2], logit[:2], root, lim, 16) > 0
     big = np.zeros((2, native.DARTREE_MAX_TOP_K + 1), np.int32)
