@@ -7,7 +7,7 @@ Two parts, on the default target:
   token by token, in alternating order: the draw in the graph (``attach_sampler``), host logits +
   ``np.argmax`` (the CPU's greedy default) and the argmax in the graph (``attach_argmax``). Prints the
   host-argmax step's median and the paired differences (median, mean ± standard error), ms.
-- op: ``ggml_sample_tokens`` alone (``native.bench_op``) on the target's real logit rows of the greedy
+- op: ``ggml_sample_tokens`` alone (``op_harness.bench_op``) on the target's real logit rows of the greedy
   continuations, on 1 and 2 threads (a single row is split over the threads), T = 0.7 / top-p 0.95 and
   T = 1; median ms a row.
 """
@@ -23,7 +23,7 @@ from tfm_local.decode.verify import Target
 from tfm_local.engine import Engine
 from tfm_local.files.datasets import load_prompt_set
 from tfm_local.files.models import DEFAULT_TARGET, resolve_model
-from tfm_local.llama import native
+from tfm_local.testing import op_harness
 
 
 def pass_ab(eng: Engine, path: str, name: str, n: int, tokens: int) -> None:
@@ -68,12 +68,12 @@ def op_times(eng: Engine, name: str, n: int, tokens: int) -> None:
         tg.n_past = 0
     x = np.concatenate(rows).astype(np.float32)
     for temp, top_p in ((0.7, 0.95), (1.0, 1.0)):
-        native.set_op_fparams(temp, top_p, 0.0)
+        op_harness.set_op_fparams(temp, top_p, 0.0)
         cells = []
         for nt in (1, 2):
-            per_row = [np.median(native.bench_op("sample_tokens", [np.ascontiguousarray(x[i:i + 1]),
-                                                                  np.array([[i, 7]], np.int32)],
-                                                 n_threads=nt, n_warmup=2, n_iter=7))
+            per_row = [np.median(op_harness.bench_op("sample_tokens", [np.ascontiguousarray(x[i:i + 1]),
+                                                                      np.array([[i, 7]], np.int32)],
+                                                     n_threads=nt, n_warmup=2, n_iter=7))
                        for i in range(0, len(x), 4)]
             cells.append(f"{nt} thread(s) {np.median(per_row):.3f} ms")
         print(f"{name} op T={temp} top-p {top_p}, {len(x)} rows: " + ", ".join(cells), flush=True)

@@ -1,4 +1,5 @@
-"""tfm_bench_op (native.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench-gdn), CPU, tiny dims."""
+"""tfm_bench_op (op_harness.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench-gdn), CPU, tiny
+dims."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from tfm_local.bench import gdn as gdn_bench
-from tfm_local.llama import native
+from tfm_local.testing import op_harness
 from tfm_local.testing import gdn_ops as tree_ops
 from tfm_local.bench import gdn_cli as bench_gdn
 from tfm_local.bench.provenance import problems
@@ -31,13 +32,13 @@ def _out_size(x, n: int) -> int:
 
 def test_bench_op_times_and_leaves_results_unchanged():
     x, tree, srcs = _tree_srcs()
-    before = native.run_op("gdn_tree", srcs, _out_size(x, 24))
-    ms = native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=7)
+    before = op_harness.run_op("gdn_tree", srcs, _out_size(x, 24))
+    ms = op_harness.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=7)
     assert ms.shape == (7,) and ms.dtype == np.float32
     assert np.isfinite(ms).all() and (ms > 0).all()
-    np.testing.assert_array_equal(native.run_op("gdn_tree", srcs, _out_size(x, 24)), before)
+    np.testing.assert_array_equal(op_harness.run_op("gdn_tree", srcs, _out_size(x, 24)), before)
     # every op of the benchmark can be timed (the commit's iparam = d_conv)
-    conv = native.bench_op("conv_commit", [x["sx"], np.array([[0, 1]], np.int32)], iparam=4, n_iter=2)
+    conv = op_harness.bench_op("conv_commit", [x["sx"], np.array([[0, 1]], np.int32)], iparam=4, n_iter=2)
     assert conv.shape == (2,) and (conv > 0).all()
 
 
@@ -52,12 +53,12 @@ def test_bench_op_repeat_computes_the_copies():
     # up to 10x, never below the work; shared copies would keep `many` near `one` in every round
     one, many = np.full(1, np.inf), np.full(1, np.inf)
     for _ in range(3):
-        one = np.minimum(one, native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=10, n_repeat=1).min())
-        many = np.minimum(many, native.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=16).min())
+        one = np.minimum(one, op_harness.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=10, n_repeat=1).min())
+        many = np.minimum(many, op_harness.bench_op("gdn_tree", srcs, n_warmup=1, n_iter=5, n_repeat=16).min())
         if many[0] > 4 * one[0]:
             break
     assert np.min(many) > 4 * np.min(one)
-    assert 0 < native.op_time(one.min(keepdims=True), many.min(keepdims=True), 16) < np.min(many)
+    assert 0 < op_harness.op_time(one.min(keepdims=True), many.min(keepdims=True), 16) < np.min(many)
 
 
 def test_speedup_ratio_is_undefined_for_non_positive_times():
@@ -67,29 +68,29 @@ def test_speedup_ratio_is_undefined_for_non_positive_times():
 
 
 def test_op_time_is_the_difference_per_extra_copy():
-    assert native.op_time(np.array([1.0, 1.2, 1.1]), np.array([5.1, 5.0, 5.2]), 5) == pytest.approx(1.0)
+    assert op_harness.op_time(np.array([1.0, 1.2, 1.1]), np.array([5.1, 5.0, 5.2]), 5) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="n_repeat"):
-        native.op_time(np.ones(2), np.ones(2), 1)
+        op_harness.op_time(np.ones(2), np.ones(2), 1)
 
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"n_iter": 0}, "n_iter"), ({"n_warmup": -1}, "n_warmup"), ({"device": "tpu"}, "device"),
-    ({"n_repeat": 0}, "n_repeat"), ({"n_repeat": native.BENCH_MAX_REPEAT + 1}, "n_repeat"),
+    ({"n_repeat": 0}, "n_repeat"), ({"n_repeat": op_harness.BENCH_MAX_REPEAT + 1}, "n_repeat"),
 ])
 def test_bench_op_rejects_bad_arguments(kwargs, match):
     _, _, srcs = _tree_srcs(8)
     with pytest.raises(ValueError, match=match):
-        native.bench_op("gdn_tree", srcs, **kwargs)
+        op_harness.bench_op("gdn_tree", srcs, **kwargs)
 
 
 def test_bench_op_rejects_bad_ops_and_sources():
     _, _, srcs = _tree_srcs(8)
     with pytest.raises(ValueError, match="op must be"):
-        native.bench_op("gdn_trie", srcs)
+        op_harness.bench_op("gdn_trie", srcs)
     with pytest.raises(ValueError, match="failed"):  # one source short: the C side refuses
-        native.bench_op("gdn_tree", srcs[:-1])
+        op_harness.bench_op("gdn_tree", srcs[:-1])
     with pytest.raises(ValueError, match="float32/int32"):
-        native.bench_op("gdn_tree", [s.astype(np.float64) for s in srcs])
+        op_harness.bench_op("gdn_tree", [s.astype(np.float64) for s in srcs])
 
 
 def test_ddtree_cases_are_trees_within_depth():
@@ -195,7 +196,7 @@ def test_cli_rejects_bad_options():
     with pytest.raises(SystemExit):
         bench_gdn.parse_args(["--nodes", "16,x"])
     with pytest.raises(SystemExit):
-        bench_gdn.parse_args(["--repeat", str(native.BENCH_MAX_REPEAT + 1)])
+        bench_gdn.parse_args(["--repeat", str(op_harness.BENCH_MAX_REPEAT + 1)])
     with pytest.raises(SystemExit):
         bench_gdn.parse_args(["--heads-v", "5", "--heads-k", "2"])
     with pytest.raises(SystemExit):  # llama.cpp's short conv needs a kernel of 2 or more (it aborts otherwise)

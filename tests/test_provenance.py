@@ -38,7 +38,8 @@ def test_a_record_has_every_field_on_this_checkout(tmp_path, monkeypatch):
     lc = rec["llama_cpp"]
     # the build says which instruction sets its kernels use, and which patched build is installed
     assert "AVX2 = " in lc["system_info"] or "NEON = " in lc["system_info"]
-    assert lc["sdist_version"] and lc["tfm_api_version"] and re.fullmatch(r"[0-9a-f]{16}", lc["build"]["key"])
+    assert lc["sdist_version"] and lc["tfm_api_version"] and lc["tfm_weaver_api_version"]
+    assert re.fullmatch(r"[0-9a-f]{16}", lc["build"]["key"])
     assert rec["cpu"]["model"] and rec["cpu"]["logical_cores"] >= 1
     assert (rec["gpu"] is None) == (not lc["gpu_offload"])
 

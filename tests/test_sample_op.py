@@ -13,6 +13,7 @@ from scipy import stats
 
 from tfm_local.decode.sampling import SamplingParams, draw_key, kept_set, sample_row, target_probs
 from tfm_local.llama import native
+from tfm_local.testing import op_harness
 
 SETTINGS = [
     dict(temperature=1.0),
@@ -31,9 +32,9 @@ def op_draw(rows: np.ndarray, keys: list[int], sp: SamplingParams, device: str =
     """The op on ``rows`` float32 ``[R, n_vocab]`` with one 64-bit key per row → (ids, kept) int32 ``[R]``.
     On the CPU with fewer rows than ``n_threads`` the kernel splits each row over the threads."""
     k = np.array([[key & 0xFFFFFFFF, key >> 32] for key in keys], dtype=np.uint32).view(np.int32)
-    native.set_op_fparams(sp.temperature, sp.top_p, sp.min_p)
-    out = native.run_op("sample_tokens", [np.ascontiguousarray(rows, np.float32), k], 2 * len(keys), iparam=sp.top_k,
-                        device=device, n_threads=n_threads).view(np.int32).reshape(-1, 2)
+    op_harness.set_op_fparams(sp.temperature, sp.top_p, sp.min_p)
+    out = op_harness.run_op("sample_tokens", [np.ascontiguousarray(rows, np.float32), k], 2 * len(keys),
+                            iparam=sp.top_k, device=device, n_threads=n_threads).view(np.int32).reshape(-1, 2)
     return out[:, 0], out[:, 1]
 
 

@@ -1,4 +1,4 @@
-"""ggml_top_k on every device this build has, through tfm_test_op (native.run_op("top_k")).
+"""ggml_top_k on every device this build has, through tfm_test_op (op_harness.run_op("top_k")).
 
 The CUDA build of patch 0007 takes a one-pass kernel for k <= 32 (ggml-cuda/top-k.cu) and the
 sort-based path above that; the drafter's backend top-k (tfm-ext topk_build) runs on it. On the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfm_local.llama import native
+from tfm_local.testing import op_harness
 from tfm_local.testing import gdn_ops as tree_ops
 
 DEVICES = tree_ops.available_devices() or ["cpu"]
@@ -19,16 +19,16 @@ SMALL_K_MAX = 32  # patch 0007: the one-pass CUDA kernel's largest k
 
 
 @pytest.fixture(autouse=True)
-def _needs_native():
+def _needs_harness():
     try:
-        native.lib()
-    except native.NativeError as e:
+        op_harness.lib()
+    except op_harness.NativeError as e:
         pytest.skip(f"patched llama.cpp not built: {e}")
 
 
 def top_k(x: np.ndarray, k: int, device: str) -> np.ndarray:
     """int32 (rows, k) column ids of ggml_top_k over float32 x (rows, n)."""
-    out = native.run_op("top_k", [np.ascontiguousarray(x, np.float32)], x.shape[0] * k, iparam=k, device=device)
+    out = op_harness.run_op("top_k", [np.ascontiguousarray(x, np.float32)], x.shape[0] * k, iparam=k, device=device)
     return out.view(np.int32).reshape(x.shape[0], k)
 
 
@@ -98,12 +98,12 @@ def test_bad_k_is_refused(device):
     x = np.zeros((1, 10), np.float32)
     for k in (0, 11):
         with pytest.raises(ValueError):
-            native.run_op("top_k", [x], max(k, 1), iparam=k, device=device)
+            op_harness.run_op("top_k", [x], max(k, 1), iparam=k, device=device)
 
 
 def argmax(x: np.ndarray, device: str) -> np.ndarray:
     """int32 (rows,) column ids of ggml_argmax over float32 x (rows, n)."""
-    out = native.run_op("argmax", [np.ascontiguousarray(x, np.float32)], x.shape[0], device=device)
+    out = op_harness.run_op("argmax", [np.ascontiguousarray(x, np.float32)], x.shape[0], device=device)
     return out.view(np.int32)
 
 

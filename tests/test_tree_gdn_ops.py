@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tfm_local.llama import native
+from tfm_local.testing import op_harness
 from tfm_local.testing import gdn_ops as tree_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -54,8 +54,8 @@ def check_tree_op(device: str, q, k, v, g, beta, state, parent, n_threads: int =
 def _device_or_skip(device: str) -> None:
     """Skip when the patched library is missing (counts as a failure under TFM_NO_SKIP=1)."""
     try:
-        native.lib()
-    except native.NativeError as e:
+        op_harness.lib()
+    except op_harness.NativeError as e:
         pytest.skip(str(e))
 
 

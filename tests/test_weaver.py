@@ -343,11 +343,11 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
              np.zeros((D + 1, x.h_target.shape[1]), np.float32))
     # a tree's rounds over the kept prefix (``steps``, one owner a draft, drafts interleaved so that the
     # prefix is recomputed on every change of owner) give what ``q`` gives, path for path
-    from tfm_local.llama import native
+    from tfm_local.llama import weaver_native
 
     rt = RuntimeWeaver(paths["f32"], "cpu", 1)
     with pytest.raises(ValueError, match="no prefix"):
-        native.weaver_steps(rt._w, rt.shape, np.array([0]), np.array([1]), steps[0][:1].numpy())
+        weaver_native.weaver_steps(rt._w, rt.shape, np.array([0]), np.array([1]), steps[0][:1].numpy())
     want_q = rt.q(x.h_target.numpy(), x.h_drafter.numpy(), np.array([n for n, _, _ in jobs]),
                   np.array([s for _, s, _ in jobs]), torch.cat(steps).numpy())   # all N drafts in one call
 
@@ -372,7 +372,7 @@ def test_the_weaver_on_the_backend_agrees_with_pytorch(pair, tmp_path):
     with pytest.raises(ValueError):  # a draft beyond the given ones: refused before the kept prefix changes
         rt.q(x.h_target.numpy()[:1], x.h_drafter.numpy()[:1], np.array([1]), np.array([1]), steps[0][:1].numpy())
     with pytest.raises(ValueError):
-        native.weaver_prefix(rt._w, rt.shape, x.h_target.numpy()[:1], x.h_drafter.numpy()[:2])
+        weaver_native.weaver_prefix(rt._w, rt.shape, x.h_target.numpy()[:1], x.h_drafter.numpy()[:2])
 
 
 def test_a_trees_nodes_keep_their_keys_and_values_and_give_the_steps_q(pair, tmp_path):
@@ -430,10 +430,10 @@ def test_a_trees_nodes_keep_their_keys_and_values_and_give_the_steps_q(pair, tmp
     rt.steps(Owner(), ht, hd, np.array([1]), emb[:1])  # another prefix took the backend
     with pytest.raises(RuntimeError):
         rt.nodes_add(owner, np.array([-1]), emb[:1])
-    from tfm_local.llama import native
+    from tfm_local.llama import weaver_native
 
     with pytest.raises(ValueError, match="prefix replaced"):  # the library's own check
-        native.weaver_nodes_add(rt._w, rt.shape, np.array([-1]), emb[:1])
+        weaver_native.weaver_nodes_add(rt._w, rt.shape, np.array([-1]), emb[:1])
 
 
 def test_runtime_tfm_trees_are_the_trainers_trees(pair, tmp_path):
@@ -776,12 +776,12 @@ def test_dartree_on_the_backend_keeps_unlikely_candidates_finite(pair, dartree_w
 
 def test_dartree_graphs_are_bounded_and_trees_stay_the_hosts_after_eviction(pair, dartree_weaver):
     """One graph is kept per DARTree shape (depth, K, W, B, beta); with ``budget="auto"`` B changes from step to
-    step, so the kept graphs are bounded: after trees of 50 budgets at most ``native.DARTREE_GRAPHS`` (8), the
+    step, so the kept graphs are bounded: after trees of 50 budgets at most ``weaver_native.DARTREE_GRAPHS`` (8), the
     least recently used freed first. A budget whose graph was freed is rebuilt and a kept one reused: the same
     trees, the host's; a new attach frees them all."""
     from tfm_local.decode.tree import build_dartree
     from tfm_local.decode.weaver import TargetEmbeddings, WeaverPaths
-    from tfm_local.llama import native
+    from tfm_local.llama import weaver_native
 
     d, target, _, _ = pair
     rt, embed = _attached(dartree_weaver, target), TargetEmbeddings(target)
@@ -789,32 +789,32 @@ def test_dartree_graphs_are_bounded_and_trees_stay_the_hosts_after_eviction(pair
     ht, hd = _dartree_prefix(sh)
     D, K, W, beta = sh["depth"], 8, 4, -0.2
     cand, logit, root = _random_draft(np.random.default_rng(5), embed.n_vocab, D, K)
-    kept = lambda: native.weaver_dartree_graphs(rt._w)  # noqa: E731
+    kept = lambda: weaver_native.weaver_dartree_graphs(rt._w)  # noqa: E731
     assert kept() == 0
     first = {}
     for B in range(1, 51):
         first[B] = rt.dartree(root, ht, hd, cand, logit, B, W, beta)
-        assert kept() == min(B, native.DARTREE_GRAPHS), B
+        assert kept() == min(B, weaver_native.DARTREE_GRAPHS), B
     rt.dartree(root, ht, hd, cand, logit, 43, W, beta)  # kept: 44 is now the least recently used
     rt.dartree(root, ht, hd, cand, logit, 1, W, beta)   # rebuilt in 44's place
-    assert kept() == native.DARTREE_GRAPHS
+    assert kept() == weaver_native.DARTREE_GRAPHS
     for B in (1, 2, 50, 44, 43, 25, 50):
         score = WeaverPaths(rt, embed, root, ht, hd, cand, logit, capacity=1 + W * D)
         got = rt.dartree(root, ht, hd, cand, logit, B, W, beta)
         _same_tree(got, first[B], B)
         _same_tree(got, build_dartree(root, cand, B, score, W, beta), B)
-        assert kept() == native.DARTREE_GRAPHS
+        assert kept() == weaver_native.DARTREE_GRAPHS
     rt.attach_target(target)
     assert kept() == 0
 
 
 def _raw_dartree(rt, ht, hd, cand, logit, root, width, budget) -> int:
     """``tfm_weaver_dartree``'s return code, called directly (no Python checks), outputs sized as it writes them."""
-    from tfm_local.llama import native
+    from tfm_local.llama import weaver_native
 
-    ffi, h = native.lib()
+    ffi, h = weaver_native.lib()
     D, K = cand.shape
-    rows = native.dartree_rows(D, K, width)
+    rows = weaver_native.dartree_rows(D, K, width)
     live, sel = np.empty(max(1, sum(rows[1:])), np.float32), np.empty(min(budget, K * sum(rows)), np.float32)
     f = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
     c, cl = np.ascontiguousarray(cand, np.int32), np.ascontiguousarray(logit, np.float32)
@@ -825,18 +825,18 @@ def _raw_dartree(rt, ht, hd, cand, logit, root, width, budget) -> int:
 
 def test_dartree_width_above_the_limit_is_refused_clearly(pair, dartree_weaver, capsys):
     """DARTree's width W (live branches a depth) costs O(W²) a depth in the backend graph's masks: a huge W ended
-    in std::bad_alloc through the C API. Widths above ``native.DARTREE_MAX_WIDTH`` (256), K above
+    in std::bad_alloc through the C API. Widths above ``weaver_native.DARTREE_MAX_WIDTH`` (256), K above
     ``DARTREE_MAX_TOP_K`` are refused: a ValueError naming the limit from ``Weaver.dartree`` and
     ``TfmDrafter.dartree`` (on the host builder's path too), -4 from the library itself, and exit status 2
     with one line from ``tfm-bench-trees --width``; W at the limit still builds the host's tree."""
     from tfm_local.bench.trees import main
     from tfm_local.decode.weaver import TargetEmbeddings, TfmDrafter
-    from tfm_local.llama import native
+    from tfm_local.llama import weaver_native
 
     d, target, _, _ = pair
     rt, embed = _attached(dartree_weaver, target), TargetEmbeddings(target)
     ht, hd = _dartree_prefix(rt.shape)
-    lim = native.DARTREE_MAX_WIDTH
+    lim = weaver_native.DARTREE_MAX_WIDTH
     cand, logit, root = _random_draft(np.random.default_rng(9), embed.n_vocab, 3, 3)
     want, _ = _host_dartree(rt, embed, ht, hd, root, cand, logit, 16, lim, -0.2)
     _same_tree(rt.dartree(root, ht, hd, cand, logit, 16, lim, -0.2), want, lim)
@@ -848,7 +848,7 @@ def test_dartree_width_above_the_limit_is_refused_clearly(pair, dartree_weaver, 
             tfm.dartree(root, ht, cand, logit, hd, 16, width=width)
         assert _raw_dartree(rt, ht, hd, cand[:2], logit[:2], root, width, 16) == -4
     assert _raw_dartree(rt, ht, hd, cand[:2], logit[:2], root, lim, 16) > 0
-    big = np.zeros((2, native.DARTREE_MAX_TOP_K + 1), np.int32)
+    big = np.zeros((2, weaver_native.DARTREE_MAX_TOP_K + 1), np.int32)
     assert _raw_dartree(rt, ht, hd, big, np.zeros(big.shape), root, 2, 16) == -4
     with pytest.raises(ValueError, match=f"top_k {big.shape[1]} is outside"):
         rt.dartree(root, ht, hd, big, np.zeros(big.shape), 16, 2, -0.2)

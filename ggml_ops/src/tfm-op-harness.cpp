@@ -4,7 +4,7 @@
 // one-op ggml graph (the tree ops of patch 0005, the plain ops they extend, ggml_top_k, ggml_argmax)
 // on the CPU or the first GPU, so that the tests (tests/test_tree_gdn_ops.py, test_top_k_op.py, ...)
 // and tfm-bench-gdn can run and time single ops of the installed library through
-// tfm_local/llama/native.py (run_op, bench_op). It lives in libllama because the tests run against the
+// tfm_local/testing/op_harness.py (run_op, bench_op). It lives in libllama because the tests run against the
 // installed wheel.
 #include "tfm-op-harness.h"
 

@@ -1,7 +1,7 @@
 // tfm-local: the op test/bench harness (tfm-op-harness.cpp), for tests and benchmarks only.
 //
-// C entry points that run or time one ggml op on host buffers; tfm_local/llama/native.py binds them
-// (run_op, bench_op) next to the runtime API of tfm-ext.h, whose tfm_api_version covers both.
+// C entry points that run or time one ggml op on host buffers; tfm_local/testing/op_harness.py binds
+// them (run_op, bench_op), apart from the runtime API of tfm-ext.h, whose tfm_api_version covers both.
 #pragma once
 
 #include "llama.h"

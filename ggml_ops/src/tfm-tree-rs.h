@@ -4,7 +4,7 @@
 // DeltaNet layer reads its conv and recurrent states as usual but does not advance them: every node sees
 // the recurrence along its own root-to-node path (ggml_ssm_conv_tree, ggml_gated_delta_net_tree), and the
 // layer stashes what the commit needs (the conv input, and u | gamma | k of the tree op) in persistent
-// per-layer buffers of the memory. tfm_tree_commit (tfm-ext.cpp) then advances both states along the
+// per-layer buffers of the memory. tfm_tree_commit (tfm-tree.cpp) then advances both states along the
 // accepted path with ggml_ssm_conv_tree_commit / ggml_gated_delta_net_tree_commit. Shapes in ggml order
 // (ne[0] first); one sequence (n_seqs = 1), N tree nodes.
 #pragma once

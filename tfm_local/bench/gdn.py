@@ -13,7 +13,7 @@ log-probability from synthetic peaked marginals, depth <= 16 nodes) at given dim
 
 Every case is checked once before timing: each leaf's per-branch outputs (grouped and padded) equal
 the tree op's outputs at its path's nodes, and the commits equal the per-branch final states, within
-``tree_ops.ERR_F32_BY_DEVICE``. Times are per layer, in ms (``native.bench_op``: compute +
+``tree_ops.ERR_F32_BY_DEVICE``. Times are per layer, in ms (``op_harness.bench_op``: compute +
 synchronize of a one-op graph, inputs already on the device).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..llama import native
+from ..testing import op_harness
 from ..testing import gdn_ops as tree_ops
 from ..decode.tree import Tree, build_ddtree
 
@@ -164,7 +164,7 @@ def branch_inputs(x: dict, paths: list[list[int]], length: int, d_conv: int) -> 
 
 
 def gdn_srcs(x: dict, parent: np.ndarray | None = None) -> list[np.ndarray]:
-    """Sources of ``gdn`` (parent None) or ``gdn_tree`` for native.run_op / bench_op."""
+    """Sources of ``gdn`` (parent None) or ``gdn_tree`` for op_harness.run_op / bench_op."""
     srcs = [x["q"], x["k"], x["v"], x["g"], x["beta"][..., None], x["state"]]
     return srcs if parent is None else srcs + [parent.reshape(1, -1).astype(np.int32)]
 
@@ -227,10 +227,10 @@ def check_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int) -> 
 def time_stats(ms, ms_repeat=None, n_repeat: int = 1) -> dict[str, float]:
     """``median_ms`` and ``min_ms`` of per-iteration times in ms (a sequence or array, non-empty); with
     the times of a graph of ``n_repeat`` >= 2 copies (``ms_repeat``) also ``op_ms``, the op's own time
-    (``native.op_time``: no launch or synchronize)."""
+    (``op_harness.op_time``: no launch or synchronize)."""
     out = {"median_ms": float(np.median(ms)), "min_ms": float(np.min(ms))}
     if ms_repeat is not None:
-        out["op_ms"] = native.op_time(ms, ms_repeat, n_repeat)
+        out["op_ms"] = op_harness.op_time(ms, ms_repeat, n_repeat)
     return out
 
 
@@ -246,7 +246,7 @@ def time_case(x: dict, tree: Tree, dims: Dims, device: str, n_threads: int, n_wa
     ``n_repeat`` >= 2: each op also timed as a graph of ``n_repeat`` copies)."""
     def bench(op, srcs, iparam=0):
         def run(r):
-            return native.bench_op(op, srcs, iparam=iparam, device=device, n_threads=n_threads,
+            return op_harness.bench_op(op, srcs, iparam=iparam, device=device, n_threads=n_threads,
                                    n_warmup=n_warmup, n_iter=n_iter, n_repeat=r)
         return time_stats(run(1), run(n_repeat) if n_repeat > 1 else None, n_repeat)
 
@@ -293,8 +293,8 @@ def run_case(n_nodes: int, dims: Dims, rng: np.random.Generator, device: str = "
     ``median_of_rounds``). Returns ``{"nodes", "leaves", "depth", "groups": {length: n_seqs},
     "branch_tokens", "padded_tokens", "check", "times" (absent when incorrect), "speedup": {"gdn", "conv",
     "gdn_padded", "conv_padded"} (per-branch / tree, medians; with ``n_repeat`` >= 2 also the same four
-    with the suffix ``_op``: ratios of the ops' own times, None where one came out <= 0)}``. Raises native.OpUnavailable when the
-    device cannot run an op."""
+    with the suffix ``_op``: ratios of the ops' own times, None where one came out <= 0)}``. Raises
+    op_harness.OpUnavailable when the device cannot run an op."""
     tree = ddtree(n_nodes, rng) if tree is None else tree
     n_nodes = len(tree)
     paths = leaf_paths(tree)

@@ -9,7 +9,7 @@ all leaves in one call padded to the deepest path), the same for the short conv 
 an incorrect case is not timed and makes the exit status 1. Prints a table of per-layer times (medians,
 ms) and writes JSON (``--json``) with medians and minima. ``--repeat R`` (R >= 2) also times every op as a
 graph of R copies and reports the ops' own times, without the launch and synchronize each call pays
-(``native.op_time``), in a second table. ``--trees FILE`` times real draft trees instead of synthetic
+(``op_harness.op_time``), in a second table. ``--trees FILE`` times real draft trees instead of synthetic
 ones (lab/capture_trees.py records them from the drafter's DDTree), ``--tree-count`` of them spread over
 the file's range of per-branch cost; the bar then takes the median speedup over them.
 
@@ -25,7 +25,7 @@ from dataclasses import asdict
 import numpy as np
 
 from . import gdn as gdn_bench
-from ..llama import native
+from ..testing import op_harness
 from ..files.atomic import sha256_file
 from ..cli.common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
 from .provenance import provenance
@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 ("layers", d.layers, "DeltaNet layers (for the model-step totals)")):
         ap.add_argument(f"--{name}", type=positive_int, default=default, help=f"{what} (default {default})")
     ap.add_argument("--repeat", type=positive_int, default=1,
-                    help=f"also time each op as a graph of this many copies (2..{native.BENCH_MAX_REPEAT}) "
+                    help=f"also time each op as a graph of this many copies (2..{op_harness.BENCH_MAX_REPEAT}) "
                          "for the ops' own times (default 1: calls only)")
     ap.add_argument("--trees", metavar="NPZ", help="time the real draft trees of this file (lab/capture_trees.py; "
                     "--nodes is then ignored) instead of synthetic DDTrees")
@@ -63,8 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(default 1; more keep a busy host from favouring one side)")
     add_timing_args(ap, iters=20, warmup=3, threads=os.cpu_count() or 1)
     a = ap.parse_args(argv)
-    if a.repeat > native.BENCH_MAX_REPEAT:
-        ap.error(f"--repeat must be at most {native.BENCH_MAX_REPEAT}, got {a.repeat}")
+    if a.repeat > op_harness.BENCH_MAX_REPEAT:
+        ap.error(f"--repeat must be at most {op_harness.BENCH_MAX_REPEAT}, got {a.repeat}")
     if not 2 <= a.d_conv <= D_CONV_MAX:
         ap.error(f"--d-conv must be in 2..{D_CONV_MAX} (llama.cpp's short conv; the tree conv's "
                  f"GGML_SSM_CONV_TREE_MAX_D_CONV), got {a.d_conv}")
@@ -147,7 +147,7 @@ def main(argv=None) -> None:
         try:
             c = {**gdn_bench.run_case(n, dims, rng, a.device, a.threads, a.warmup, a.iters, a.repeat, a.rounds, tree),
                  **about}
-        except native.NativeError as e:
+        except op_harness.NativeError as e:
             fail(str(e))
         print(f"N={n}: {c['leaves']} leaves, depth {c['depth']}, groups {c['groups']}, correct "
               f"{c['check']['correct']}", file=sys.stderr, flush=True)

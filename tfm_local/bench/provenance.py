@@ -10,6 +10,7 @@
     gpu        None when the llama.cpp build has no GPU backend; else name, driver, memory and CUDA
                version of each card (``nvidia-smi``) and the CUDA runtime the process loaded
     llama_cpp  the patched build: sdist version, llama.cpp and ggml versions, ggml's commit, the
+               versions of our C APIs (tfm_api_version, tfm_weaver_api_version), the
                system_info string (the instruction sets compiled in, repacking), the build key
                installed (``ggml_ops/build.py``), the wheel it came from, and the CMake arguments when
                this checkout's build.py gives the installed key (else None, with the reason)
@@ -217,13 +218,14 @@ def llama_cpp_info() -> dict:
         out["ggml_version"], out["ggml_commit"] = _cstr(ggml, "ggml_version"), _cstr(ggml, "ggml_commit")
     except OSError:
         out["ggml_version"] = out["ggml_commit"] = None
-    try:
-        from ..llama import native
+    from ..llama import native, weaver_native
 
-        out["tfm_api_version"] = int(native.lib()[1].tfm_api_version())
-    except Exception as e:  # noqa: BLE001 (an unpatched build)
-        out["tfm_api_version"] = None
-        out["tfm_api_error"] = str(e)
+    for key, binding in (("tfm_api_version", native), ("tfm_weaver_api_version", weaver_native)):
+        try:
+            out[key] = int(getattr(binding.lib()[1], key)())
+        except Exception as e:  # noqa: BLE001 (an unpatched build, or one of other sources)
+            out[key] = None
+            out[key.replace("_version", "_error")] = str(e)
     out["build"] = installed_build(out["gpu_offload"])
     return out
 

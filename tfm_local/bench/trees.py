@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from tfm_local.decode.weaver import TargetEmbeddings, Weaver, WeaverPaths, tfm_tree
     from tfm_local.files.models import resolve_model
     from tfm_local.llama.model import gpu_available
-    from tfm_local.llama.native import DARTREE_MAX_WIDTH
+    from tfm_local.llama.weaver_native import DARTREE_MAX_WIDTH
 
     a = parse_args(argv)
 

@@ -315,7 +315,7 @@ def dartree_from_rounds(root: int, cand_tokens: np.ndarray, rows: list[int], liv
     scores. Work is O(B + the live branches), never over the supertree's nodes.
 
     Args:
-        cand_tokens: int ``[D, K]``. rows: live branches a round (``native.dartree_rows``).
+        cand_tokens: int ``[D, K]``. rows: live branches a round (``weaver_native.dartree_rows``).
         live / live_score: ``[sum(rows[1:])]``; sel / sel_score: ``[B]``.
     Returns:
         the tree (``logp`` the path scores), or None when the selection is not prefix-closed (only possible on

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..files.gguf_meta import GGUFError, read_gguf_meta
 from ..files.weaver import read_weaver_codes
-from ..llama import native
+from ..llama import weaver_native
 from .tree import Tree, build_dartree, build_tfm, dartree_from_rounds
 
 
@@ -42,8 +42,8 @@ class Weaver:
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         self.codes, self.identity = read_weaver_codes(path)
         self.device = device
-        self._w = native.weaver_load(str(path), 0 if device == "cpu" else 1, n_threads or os.cpu_count() or 1)
-        self.shape = native.weaver_shape(self._w)
+        self._w = weaver_native.weaver_load(str(path), 0 if device == "cpu" else 1, n_threads or os.cpu_count() or 1)
+        self.shape = weaver_native.weaver_shape(self._w)
         self._owner: weakref.ref | None = None  # whose prefix the backend keeps (``steps``)
         self._tree: weakref.ref | None = None   # whose node store it keeps (``nodes_begin``)
 
@@ -59,7 +59,7 @@ class Weaver:
             ValueError: shapes that do not fit the Weaver or each other.
         """
         self._owner = self._tree = None
-        return native.weaver_q(self._w, self.shape, h_target, h_drafter, path_draft, path_len, step_emb)
+        return weaver_native.weaver_q(self._w, self.shape, h_target, h_drafter, path_draft, path_len, step_emb)
 
     def steps(self, owner: object, h_target: np.ndarray, h_drafter: np.ndarray, path_len: np.ndarray,
               step_emb: np.ndarray) -> np.ndarray:
@@ -70,16 +70,16 @@ class Weaver:
         in ``q``. Raises ValueError for shapes that do not fit."""
         if self._owner is None or self._owner() is not owner:
             self._owner = self._tree = None
-            native.weaver_prefix(self._w, self.shape, np.asarray(h_target)[None], np.asarray(h_drafter)[None])
+            weaver_native.weaver_prefix(self._w, self.shape, np.asarray(h_target)[None], np.asarray(h_drafter)[None])
             self._owner = weakref.ref(owner)  # not a strong reference: no cycle through the owner's .w
-        return native.weaver_steps(self._w, self.shape, np.zeros(len(path_len), np.int32), path_len, step_emb)
+        return weaver_native.weaver_steps(self._w, self.shape, np.zeros(len(path_len), np.int32), path_len, step_emb)
 
     def nodes_begin(self, owner: object, h_target: np.ndarray, h_drafter: np.ndarray, max_nodes: int) -> None:
         """Begin one draft's tree node by node for ``owner`` (its scorer): the prefix (h_target
         ``[target_hidden]``, h_drafter ``[depth, drafter_hidden]``) and an empty store of ``max_nodes``
         nodes on the backend (``tfm_weaver_nodes_begin``). Raises ValueError for shapes that do not fit."""
         self._owner = self._tree = None
-        native.weaver_nodes_begin(self._w, self.shape, h_target, h_drafter, max_nodes)
+        weaver_native.weaver_nodes_begin(self._w, self.shape, h_target, h_drafter, max_nodes)
         self._tree = weakref.ref(owner)
 
     def nodes_add(self, owner: object, parent: np.ndarray, step_emb: np.ndarray) -> np.ndarray:
@@ -90,7 +90,7 @@ class Weaver:
         ``nodes_begin``, ValueError for inputs that do not fit or a full store."""
         if self._tree is None or self._tree() is not owner:
             raise RuntimeError("the Weaver's node store belongs to another tree: call nodes_begin first")
-        return native.weaver_nodes_add(self._w, self.shape, parent, step_emb)
+        return weaver_native.weaver_nodes_add(self._w, self.shape, parent, step_emb)
 
     def scores(self, q: np.ndarray, cand: np.ndarray, cand_logit: np.ndarray) -> np.ndarray:
         """Corrected logits ``[n_paths, K]``: ``cand_logit + codes[cand] · q`` (cand int ``[n_paths, K]``)."""
@@ -101,7 +101,7 @@ class Weaver:
         GGUF's embeddings into a table there (``tfm_weaver_attach_target``; a vocabulary's rows at load, not
         per tree). Raises ValueError when the target does not fit the Weaver, NativeError when the backend fails."""
         self.attached = None  # a failed attach frees what an earlier one made
-        native.weaver_attach_target(self._w, str(target))
+        weaver_native.weaver_attach_target(self._w, str(target))
         self.attached = str(target)
 
     attached: str | None = None  #: the target ``attach_target`` read, None before
@@ -122,9 +122,9 @@ class Weaver:
         if self.attached is None:
             raise ValueError("Weaver.dartree needs attach_target(target) first")
         cand = np.asarray(cand)
-        live, live_score, sel, sel_score = native.weaver_dartree(self._w, self.shape, h_target, h_drafter, root, cand,
-                                                                 cand_logit, width, budget, beta)
-        rows = native.dartree_rows(cand.shape[0], cand.shape[1], width)
+        live, live_score, sel, sel_score = weaver_native.weaver_dartree(self._w, self.shape, h_target, h_drafter, root,
+                                                                        cand, cand_logit, width, budget, beta)
+        rows = weaver_native.dartree_rows(cand.shape[0], cand.shape[1], width)
         return dartree_from_rounds(int(root), cand, rows, live, live_score, sel, sel_score)
 
     def close(self) -> None:
@@ -347,8 +347,8 @@ class TfmDrafter:
         (``tree.build_dartree``: ``width`` live branches a depth, depth bonus ``beta``; the paper's defaults):
         built on the Weaver's backend in one call once ``attach`` has run (``Weaver.dartree``), else on the
         host with one Weaver call a depth (``WeaverPaths``), as also on an exact parent-child tie. Raises
-        ValueError for a width (or K) beyond the backend's limits (``native.check_dartree_size``), either way."""
-        native.check_dartree_size(int(width), np.shape(cand)[1], len(cand))
+        ValueError for a width (or K) beyond the backend's limits (``weaver_native.check_dartree_size``), either way."""
+        weaver_native.check_dartree_size(int(width), np.shape(cand)[1], len(cand))
         if self.weaver.attached is not None:
             tree = self.weaver.dartree(root, h_target, hidden, cand, cand_logp, budget, width, beta)
             if tree is not None:

@@ -8,4 +8,6 @@ models that llama.cpp loads and runs in milliseconds, for unit tests, examples a
 - ``fuzz``    damaged GGUF files (every kind of damage) and a child-process loader that tells a clear
               error from a crash or a hang
 - ``gdn_ops`` the Gated DeltaNet tree ops run one at a time on numpy arrays, with error bounds
+- ``op_harness`` cffi bindings of the op test/bench harness (``ggml_ops/src/tfm-op-harness.h``): one
+              ggml op of the installed library run (``run_op``) or timed (``bench_op``) on numpy arrays
 """

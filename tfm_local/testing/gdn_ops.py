@@ -1,6 +1,6 @@
 """The Gated DeltaNet tree ops of patch 0005, run one at a time on numpy arrays (tests, checks).
 
-Thin wrappers over ``native.run_op``: each builds the ggml op on the CPU backend (or the first
+Thin wrappers over ``op_harness.run_op``: each builds the ggml op on the CPU backend (or the first
 GPU with ``device="gpu"``), runs it on the given arrays and unpacks the result. Shapes are numpy
 order (ggml's ``ne`` reversed); all float arrays are float32, index arrays int32:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..llama import native
+from . import op_harness
 
 
 # float32 error bounds relative to max(1, max |ref|) (``rel_err``), per device, of tests/test_tree_gdn_ops.py
@@ -44,14 +44,14 @@ def available_devices() -> list[str]:
     """The devices (``"cpu"``, ``"gpu"``) on which this build runs the tree ops; empty without the
     patched library."""
     try:
-        native.lib()
-    except native.NativeError:
+        op_harness.lib()
+    except op_harness.NativeError:
         return []
     devices = ["cpu"]
     try:
         ssm_conv_tree_commit(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1), np.int32), 2, device="gpu")
         devices.append("gpu")
-    except native.OpUnavailable:
+    except op_harness.OpUnavailable:
         pass
     return devices
 
@@ -72,7 +72,7 @@ def gated_delta_net(q, k, v, g, beta, state, device: str = "cpu", n_threads: int
     """
     v = _f32(v)
     B, N, H, S = v.shape
-    out = native.run_op("gdn", [_f32(q), _f32(k), v, _f32(g), _f32(beta)[..., None], _f32(state)],
+    out = op_harness.run_op("gdn", [_f32(q), _f32(k), v, _f32(g), _f32(beta)[..., None], _f32(state)],
                         S * H * N * B + S * S * H * B, device=device, n_threads=n_threads)
     n_o = S * H * N * B
     return out[:n_o].reshape(B, N, H, S), out[n_o:].reshape(B, H, S, S)
@@ -89,7 +89,7 @@ def gated_delta_net_tree(q, k, v, g, beta, state, parent, device: str = "cpu", n
     B, N, H, S = v.shape
     G = g.shape[-1]
     sizes = [S * H * N * B, S * H * N * B, G * H * N * B, k.size]
-    out = native.run_op("gdn_tree", [q, k, v, g, _f32(beta)[..., None], _f32(state), _parent2d(parent, B)],
+    out = op_harness.run_op("gdn_tree", [q, k, v, g, _f32(beta)[..., None], _f32(state), _parent2d(parent, B)],
                         sum(sizes), device=device, n_threads=n_threads)
     o, u, gamma, kc = np.split(out, np.cumsum(sizes)[:-1])
     return o.reshape(B, N, H, S), u.reshape(B, N, H, S), gamma.reshape(B, N, H, G), kc.reshape(k.shape)
@@ -102,7 +102,7 @@ def gated_delta_net_tree_commit(state, k, u, gamma, path, device: str = "cpu", n
     """
     state = _f32(state)
     path = np.ascontiguousarray(path, dtype=np.int32).reshape(state.shape[0], -1)
-    out = native.run_op("gdn_commit", [state, _f32(k), _f32(u), _f32(gamma), path], state.size,
+    out = op_harness.run_op("gdn_commit", [state, _f32(k), _f32(u), _f32(gamma), path], state.size,
                         device=device, n_threads=n_threads)
     return out.reshape(state.shape)
 
@@ -112,7 +112,7 @@ def ssm_conv(sx, c, device: str = "cpu", n_threads: int = 2) -> np.ndarray:
     sx, c = _f32(sx), _f32(c)
     B, C, T = sx.shape
     N = T - c.shape[1] + 1
-    return native.run_op("conv", [sx, c], C * N * B, device=device, n_threads=n_threads).reshape(B, N, C)
+    return op_harness.run_op("conv", [sx, c], C * N * B, device=device, n_threads=n_threads).reshape(B, N, C)
 
 
 def ssm_conv_tree(sx, c, parent, device: str = "cpu", n_threads: int = 2) -> np.ndarray:
@@ -121,7 +121,7 @@ def ssm_conv_tree(sx, c, parent, device: str = "cpu", n_threads: int = 2) -> np.
     sx, c = _f32(sx), _f32(c)
     B, C, T = sx.shape
     N = T - c.shape[1] + 1
-    return native.run_op("conv_tree", [sx, c, _parent2d(parent, B)], C * N * B,
+    return op_harness.run_op("conv_tree", [sx, c, _parent2d(parent, B)], C * N * B,
                          device=device, n_threads=n_threads).reshape(B, N, C)
 
 
@@ -130,5 +130,5 @@ def ssm_conv_tree_commit(sx, path, d_conv: int, device: str = "cpu", n_threads: 
     sx = _f32(sx)
     B, C, _ = sx.shape
     path = np.ascontiguousarray(path, dtype=np.int32).reshape(B, -1)
-    return native.run_op("conv_commit", [sx, path], (d_conv - 1) * C * B, iparam=d_conv,
+    return op_harness.run_op("conv_commit", [sx, path], (d_conv - 1) * C * B, iparam=d_conv,
                          device=device, n_threads=n_threads).reshape(B, C, d_conv - 1)
