@@ -9,7 +9,7 @@ the tokens still to generate, so TOKENS must exceed NODES, and the last trees of
 smaller). Writes OUT.npz (``parents``: int32 [n_trees, NODES], ``set``: the prompt set of each tree),
 then prints per set: trees, leaves and depth (median, range) and the tokens per-branch verification
 processes (the sum of the root-to-leaf path lengths), beside the synthetic trees of
-tfm_local.bench.gdn.ddtree for seeds 0-9 (what tfm-bench-gdn times without --trees).
+tfm_local.bench.gdn.ddtree for seeds 0-9 (what tfm-bench gdn times without --trees).
 """
 import argparse
 import sys

@@ -134,7 +134,7 @@ def test_a_dispatched_run_records_its_own_arguments(tiny_pair, tmp_path, spellin
     out = tmp_path / "b.json"
     args = ["--target", str(target), "--drafter", str(drafter), "--sets", "gsm8k", "-n", "1", "--max-tokens", "6",
             "--modes", "plain,chain", "--warmup-tokens", "0", "--no-plot", "--json", str(out)]
-    r = subprocess.run([sys.executable, "-m", "tfm_local.bench.commands", *spelling, *args], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "tfm_local.bench", *spelling, *args], capture_output=True,
                        text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""tfm_bench_op (native.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench-gdn), CPU, tiny dims."""
+"""tfm_bench_op (native.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench gdn), CPU, tiny dims."""
 from __future__ import annotations
 
 import json

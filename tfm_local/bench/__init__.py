@@ -2,7 +2,8 @@
 (``commands``: ``tfm-bench COMMAND [options]``; ``tfm-bench --help`` lists them); the old names
 ``tfm-bench-COMMAND`` still work for one more release:
 
-- ``commands``        ``tfm-bench``: the dispatcher (the chosen command's module only is imported)
+- ``commands``        ``tfm-bench``: the dispatcher (the chosen command's module only is imported);
+                      ``__main__``: the same as ``python -m tfm_local.bench``
 - ``tfm_bench``       ``tfm-bench [run]``: plain vs chain / DDTree / auto on HumanEval, GSM8K, MT-Bench,
                       outputs checked against plain, tables, JSON and a plot (matplotlib: the
                       ``bench`` extra)

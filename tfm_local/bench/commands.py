@@ -3,6 +3,7 @@
     tfm-bench [run] [options]        τ and tokens/s on prompt sets (no command: the same)
     tfm-bench COMMAND [options]      one of ``COMMANDS``
     tfm-bench --help                 the commands, one line each; ``tfm-bench COMMAND --help``: its options
+    python -m tfm_local.bench ...    the same without the console script
 
 Only the chosen command's module is imported, and its ``main(argv)`` runs with the arguments after the
 command's name, under the name "tfm-bench COMMAND" (``cli.program.running_as``: its usage lines and
@@ -80,7 +81,3 @@ def main(argv: list[str] | None = None) -> int | None:
     module = importlib.import_module(f"{__package__}.{COMMANDS[name].module}")
     with running_as(prog):
         return module.main(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
