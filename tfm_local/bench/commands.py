@@ -41,7 +41,8 @@ COMMANDS: dict[str, Command] = {
     "replay": Command("replay_cli", "tfm-bench-replay", "chain τ of drafters replayed on a tfm-bench run's recorded "
                                                         "outputs"),
     "twin": Command("twin", "tfm-bench-twin", "random-weight twins of real targets (their tensor types) and drafters"),
-    "project": Command("project", "tfm-bench-project", "projected speed-ups from one run's step costs and another's τ"),
+    "project": Command("project", "tfm-bench-project",
+                       "projected speed-ups from one run's step costs and another's τ"),
     "soak": Command("soak", "tfm-bench-soak", "many generations in one process: caches checked, memory growth"),
     "load": Command("load", "tfm-bench-load", "tfm-serve under concurrent streaming clients, dropped streams and bad "
                                               "bodies"),
