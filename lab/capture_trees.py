@@ -9,7 +9,7 @@ the tokens still to generate, so TOKENS must exceed NODES, and the last trees of
 smaller). Writes OUT.npz (``parents``: int32 [n_trees, NODES], ``set``: the prompt set of each tree),
 then prints per set: trees, leaves and depth (median, range) and the tokens per-branch verification
 processes (the sum of the root-to-leaf path lengths), beside the synthetic trees of
-tfm_local.bench.gdn.ddtree for seeds 0-9 (what tfm-bench-gdn times without --trees).
+tfm_local.bench.gdn.ddtree for seeds 0-9 (what tfm-bench gdn times without --trees).
 """
 import argparse
 import sys
@@ -20,7 +20,6 @@ from tfm_local.bench import gdn as gdn_bench
 from tfm_local.files.datasets import load_prompt_set
 from tfm_local.engine import Engine
 from tfm_local.decode.sampling import SamplingParams
-from tfm_local.decode import step
 
 SETS = ("humaneval", "gsm8k", "mtbench")
 
@@ -46,16 +45,13 @@ def capture(n_prompts: int, max_tokens: int, nodes: int) -> tuple[list[np.ndarra
     """The parent arrays of every verified tree of ``nodes`` nodes, and the prompt set of each."""
     eng = Engine(budget=nodes - 1, tree="ddtree", n_gpu_layers=0)
     trees, sets, current = [], [], [None]
-    draft = step.draft_tree
 
-    def recording(*args, **kw):
-        tree, curve = draft(*args, **kw)
-        if len(tree) == nodes:
-            trees.append(np.asarray(tree.parents, np.int32))
+    def recording(rec, stretch):  # Engine.on_step: each step's record holds the tree it verified
+        if rec.n_nodes == nodes:
+            trees.append(np.asarray(rec.tree.parents, np.int32))
             sets.append(current[0])
-        return tree, curve
 
-    step.draft_tree = recording  # run_step looks it up in its module at every step
+    eng.on_step = recording
     for current[0] in SETS:
         for p in load_prompt_set(current[0], n_prompts):
             list(eng.generate_ids(eng.prompt_tokens(p.messages), max_tokens, SamplingParams()))

@@ -18,7 +18,6 @@ import tempfile
 
 import numpy as np
 
-import tfm_local.engine as engine_module
 from tfm_local.decode.sampling import SamplingParams
 from tfm_local.engine import Engine
 from tfm_local.files.datasets import load_prompt_set
@@ -53,15 +52,8 @@ def tiny(gens: int) -> None:
 
 def real(set_name: str, n: int, tokens: int) -> None:
     submits: list[float] = []
-    run_step = engine_module.run_step
-
-    def timed(*args):
-        rec = run_step(*args)
-        submits.append(rec.phases["submit"])
-        return rec
-
-    engine_module.run_step = timed
     eng = Engine(budget="auto")
+    eng.on_step = lambda rec, stretch: submits.append(rec.phases["submit"])
     sp = SamplingParams()
     med = {0: [], "auto": []}
     work = 0
@@ -76,7 +68,6 @@ def real(set_name: str, n: int, tokens: int) -> None:
                 if b == "auto":
                     work += st.n_probes + st.n_spec_steps + st.n_capture_steps
                 med[b].append(1e3 * float(np.median(submits)))
-    engine_module.run_step = run_step
     a, p = np.array(med["auto"]), np.array(med[0])
     d = a - p
     print(f"real {set_name}: median submit per generation plain {np.median(p):.2f} ms, auto {np.median(a):.2f}; "

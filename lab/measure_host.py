@@ -6,7 +6,8 @@ The models are tiny (3 layers, width 64: tfm_local/testing/synth.py), so each ll
 rest of a step is the driver's own overhead: building batches and trees, the acceptance walk, the
 commits, feature copies. Per mode (chain, DDTree@16): wall time of ``--gens`` generations of
 ``--tokens`` tokens (greedy, random drafter: tau ~ 1, one token per step), the time inside
-``llama_process`` and the difference per step. Prints a table and writes JSON (docs/cpu.md).
+``llama_process`` (each context's ``observer``: ``tfm_local.llama.model.DecodeObserver``) and the difference
+per step. Prints a table and writes JSON (docs/cpu.md).
 """
 import argparse
 import os
@@ -18,7 +19,6 @@ import time
 
 from tfm_local.testing.synth import write_tiny_target
 from tfm_convert.pipeline import init_random
-from tfm_local.llama import model as llm
 from tfm_local.cli.common import write_json
 from tfm_local.engine import Engine
 from tfm_local.decode.sampling import SamplingParams
@@ -33,22 +33,23 @@ d = pathlib.Path(tempfile.mkdtemp())
 target = write_tiny_target(d / "t.gguf", n_layer=3)
 drafter, _ = init_random(target, d / "d.gguf", seed=4)
 inside = {"s": 0.0, "calls": 0}
-_process = llm.Context._process
 
 
-def timed(self, n, what):
-    t = time.perf_counter()
-    try:
-        return _process(self, n, what)
-    finally:
-        inside["s"] += time.perf_counter() - t
+class Inside:
+    """Adds up the time of every llama.cpp decode of the contexts it observes."""
+
+    def before(self, ctx, what, n):
+        pass
+
+    def after(self, ctx, what, n, seconds):
+        inside["s"] += seconds
         inside["calls"] += 1
 
 
-llm.Context._process = timed
 rows = []
 for mode, budget in (("chain", 15), ("ddtree", 16)):
     eng = Engine(target, drafter, n_threads=1, budget=budget, tree=mode)
+    eng.target.ctx.observer = eng.drafter.ctx.observer = Inside()
     prompt, sp = list(range(5, 40)), SamplingParams()
     list(eng.generate_ids(prompt, 16, sp))  # warm-up
     inside.update(s=0.0, calls=0)

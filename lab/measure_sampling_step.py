@@ -61,11 +61,10 @@ def op_times(eng: Engine, name: str, n: int, tokens: int) -> None:
     for p in load_prompt_set(name, n):
         ids = eng.prompt_tokens(p.messages)
         gen = list(eng.generate_ids(ids, tokens, SamplingParams()))
-        tg.ctx.clear()
+        tg.reset()
         tg.ctx.decode_tokens(np.asarray(ids + gen), 0, "all")
         rows.append(np.array(tg.ctx.logits(len(ids) + len(gen))[len(ids) - 1:-1]))
-        tg.ctx.clear()
-        tg.n_past = 0
+        tg.reset()  # the cache emptied again: the engine's next generation prefills from position 0
     x = np.concatenate(rows).astype(np.float32)
     for temp, top_p in ((0.7, 0.95), (1.0, 1.0)):
         op_harness.set_op_fparams(temp, top_p, 0.0)

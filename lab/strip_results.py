@@ -2,9 +2,9 @@
 
     python lab/strip_results.py docs/results/*.json --keep docs/results/bench-cpu-L3i-n40.json
 
-tfm-bench records each prompt's generated ids (``runs[i].output_ids``) and tfm-bench-replay the tokens
+tfm-bench records each prompt's generated ids (``runs[i].output_ids``) and tfm-bench replay the tokens
 accepted per step (``runs[i].accepted``). A page needs them only where a result is replayed
-(``tfm-bench-replay --from FILE``), so the files named by ``--keep`` are left alone. The JSON is written
+(``tfm-bench replay --from FILE``), so the files named by ``--keep`` are left alone. The JSON is written
 back with the indentation tfm-bench uses (1), keys in their order. Prints the bytes before and after.
 """
 from __future__ import annotations

@@ -50,24 +50,30 @@ def summarize(path: str) -> None:
         print(f"{ctx:8s} {method:16s} {rows!s:>4s} " + " ".join(f"{c[k]:20d}" for k in cols))
 
 
+class Marker:
+    """Prints ``@@ <context> <method> <rows>`` before each decode of the contexts it observes (their
+    ``observer``: ``tfm_local.llama.model.DecodeObserver``); llama.cpp's lines for the call follow it."""
+
+    METHODS = {"tokens": "decode_tokens", "embeddings": "decode_embd"}
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def before(self, ctx, what, n):
+        print(f"@@ {self.name} {self.METHODS[what]} {n}", file=sys.stderr, flush=True)
+
+    def after(self, ctx, what, n, seconds):
+        pass
+
+
 def trace(a: argparse.Namespace) -> None:
     """Generate one answer, marking every decode call (see the module docstring)."""
-    from tfm_local.llama import model as llm
     from tfm_local.engine import Engine
     from tfm_local.decode.sampling import SamplingParams
 
-    names = {}
-    for method in ("decode_tokens", "decode_embd"):
-        orig = getattr(llm.Context, method)
-
-        def marked(self, rows, *args, _orig=orig, _method=method, **kw):
-            print(f"@@ {names.get(id(self), 'other')} {_method} {len(rows)}", file=sys.stderr, flush=True)
-            return _orig(self, rows, *args, **kw)
-
-        setattr(llm.Context, method, marked)
     eng = Engine(a.target, budget=a.budget, tree=a.mode, n_gpu_layers=-1 if a.gpu else 0)
-    names[id(eng.target.ctx)] = "target"
-    names[id(eng.drafter.ctx)] = "drafter"
+    eng.target.ctx.observer = Marker("target")
+    eng.drafter.ctx.observer = Marker("drafter")
     ids = eng.prompt_tokens([{"role": "user", "content": "Write a Python function that merges two sorted lists."}])
     list(eng.generate_ids(ids, a.tokens, SamplingParams()))
 

@@ -1,4 +1,4 @@
-"""tfm_bench_op (op_harness.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench-gdn), CPU, tiny
+"""tfm_bench_op (op_harness.bench_op) and the GDN tree benchmark (tfm_local.bench.gdn, tfm-bench gdn), CPU, tiny
 dims."""
 from __future__ import annotations
 

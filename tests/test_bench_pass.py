@@ -1,4 +1,4 @@
-"""tfm-bench-pass (tfm_local/bench/passes.py, passes_cli.py) on a tiny synthetic target."""
+"""tfm-bench pass (tfm_local/bench/passes.py, passes_cli.py) on a tiny synthetic target."""
 from __future__ import annotations
 
 import json

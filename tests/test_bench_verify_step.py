@@ -1,5 +1,5 @@
 """The shape-configurable qwen35 writer (tfm_local.testing.hybrid) and the verify-step benchmark
-(tfm_local.bench.verify_step, tfm-bench-verify), CPU, tiny dims."""
+(tfm_local.bench.verify_step, tfm-bench verify), CPU, tiny dims."""
 from __future__ import annotations
 
 import json

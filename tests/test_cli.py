@@ -318,7 +318,7 @@ def test_a_name_of_255_bytes_is_written_atomically(tmp_path, name):
 
 
 def test_bench_replay_counts_the_bench_chain(bench_run, pair, tmp_path):
-    """tfm-bench-replay on tfm-bench's own JSON, same drafter: the chain's steps and tokens of the run;
+    """tfm-bench replay on tfm-bench's own JSON, same drafter: the chain's steps and tokens of the run;
     a missing file or set is a clear error."""
     _, out, _ = bench_run
     _, drafter = pair

@@ -133,3 +133,53 @@ def test_docs_links_resolve():
     bad = [f"{doc.relative_to(ROOT)}:{i}: {target}" for doc, i, target in _doc_links()
            if not (doc.parent / target.split("#")[0]).exists()]
     assert not bad, "\n".join(bad)
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """What a script does to the runtime beyond its public hooks: a private attribute read or written
+    (``x._name``), ``n_past`` written, or an attribute of a tfm_local module, class or function replaced
+    (assigned or ``setattr``: a monkey-patch that depends on how the runtime imports its names)."""
+    tree = ast.parse(path.read_text())
+    runtime: set[str] = set()  # names the script binds to tfm_local / tfm_convert modules and their members
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            runtime.update((a.asname or a.name).split(".")[0] for a in node.names
+                           if a.name.split(".")[0] in ("tfm_local", "tfm_convert"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("tfm_local", "tfm_convert"):
+            runtime.update(a.asname or a.name for a in node.names)
+
+    def root(e) -> str | None:
+        while isinstance(e, (ast.Attribute, ast.Subscript)):
+            e = e.value
+        return e.id if isinstance(e, ast.Name) else None
+
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            hits.append(f"{node.lineno}: private attribute {node.attr}")
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            if isinstance(t, ast.Attribute) and (t.attr == "n_past" or root(t) in runtime):
+                hits.append(f"{t.lineno}: writes {ast.unparse(t)}")
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args
+                and root(node.args[0]) in runtime):
+            hits.append(f"{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_lab_scripts_use_public_hooks_only():
+    """lab/ measures the runtime through its public API and hooks (``Context.observer``, ``Engine.on_step``,
+    ``PhaseClock.observe``, ``Target.rewind`` ...), never its private state or patched module names."""
+    hits = [f"{p.relative_to(ROOT)}:{h}" for p in sorted((ROOT / "lab").rglob("*.py")) for h in _private_reaches(p)]
+    assert not hits, "\n".join(hits)
+
+
+def test_the_private_reach_check_finds_each_kind(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import tfm_local.engine as engine_module\nfrom tfm_local.llama import model as llm\n"
+                      "from tfm_local.decode.stats import PhaseClock\n"
+                      "engine_module.run_step = None\nllm.Context._process = None\nsetattr(PhaseClock, 'mark', None)\n"
+                      "eng.target.n_past = 0\nx = eng._auto_for('chain')\n"
+                      "eng.on_step = print\neng.target.ctx.observer = None\nPhaseClock.observe(print)\n")
+    assert sorted(h.split(":")[0] for h in _private_reaches(script)) == ["4", "5", "5", "6", "7", "8"]

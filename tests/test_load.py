@@ -1,4 +1,4 @@
-"""tfm-bench-load (tfm_local/bench/load.py) on the tiny pair: a short run in CI (the 10-minute run is
+"""tfm-bench load (tfm_local/bench/load.py) on the tiny pair: a short run in CI (the 10-minute run is
 recorded in docs/reliability.md)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tfm-bench-project (tfm_local/bench/project.py): projected speed-ups from one bench's step costs and
+"""tfm-bench project (tfm_local/bench/project.py): projected speed-ups from one bench's step costs and
 another's τ."""
 from __future__ import annotations
 

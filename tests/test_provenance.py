@@ -139,8 +139,8 @@ def _writes_json(tree: ast.AST) -> bool:
 
 
 def test_every_benchmark_that_writes_json_records_provenance():
-    """Each module of tfm_local/bench that writes JSON calls provenance(); each tfm-bench* console script
-    is such a module or writes no JSON (tfm-bench-twin writes GGUFs)."""
+    """Each module of tfm_local/bench that writes JSON calls provenance(); each tfm-bench command (and the
+    old tfm-bench-* console script of it) runs such a module or writes no JSON (``twin`` writes GGUFs)."""
     writers = []
     for path in sorted((REPO / "tfm_local" / "bench").glob("*.py")):
         tree = ast.parse(path.read_text())
@@ -148,11 +148,17 @@ def test_every_benchmark_that_writes_json_records_provenance():
             calls = {getattr(n.func, "id", None) for n in ast.walk(tree) if isinstance(n, ast.Call)}
             assert "provenance" in calls, f"{path.name} writes JSON without provenance()"
             writers.append(path.stem)
-    # the console scripts of pyproject.toml (a regex: tomllib is Python 3.11+, the project runs on 3.10)
+    from tfm_local.bench.commands import ALIASES, COMMANDS
+
+    # the console scripts of pyproject.toml (a regex: tomllib is Python 3.11+, the project runs on 3.10):
+    # tfm-bench is the dispatcher of the commands, each old name its command's module
     scripts = re.findall(r'^(tfm-bench[\w-]*) = "([\w.]+):\w+"$', (REPO / "pyproject.toml").read_text(), re.M)
-    benches = {name: target.rsplit(".", 1)[1] for name, target in scripts}
-    assert "tfm-bench" in benches and len(benches) >= 10
-    assert {n for n, m in benches.items() if m not in writers} == {"tfm-bench-twin"}
+    modules = {name: target.rsplit(".", 1)[1] for name, target in scripts}
+    assert modules.pop("tfm-bench") == "commands"
+    assert modules == {alias: COMMANDS[name].module for alias, name in ALIASES.items()}
+    benches = {name: c.module for name, c in COMMANDS.items()}
+    assert "run" in benches and len(benches) >= 10
+    assert {n for n, m in benches.items() if m not in writers} == {"twin"}
     assert {"tfm_bench", "upstream", "profile_passes", "project", "trees", "load", "soak"} <= set(writers)
 
 

@@ -1,4 +1,4 @@
-"""tfm_local/bench/replay.py and tfm-bench-replay: the chain replayed on recorded greedy outputs counts the
+"""tfm_local/bench/replay.py and tfm-bench replay: the chain replayed on recorded greedy outputs counts the
 engine's own steps and tokens (tiny synthetic target; the drafter's proposals come from test_engine's
 OracleDrafter, a stand-in for a trained drafter, seeded alike for the run and its replay)."""
 import json

@@ -1,4 +1,4 @@
-"""tfm-bench-soak (tfm_local/bench/soak.py) and Engine.state_problems, on the tiny pair: a short soak
+"""tfm-bench soak (tfm_local/bench/soak.py) and Engine.state_problems, on the tiny pair: a short soak
 in CI (the 20,000-token run is recorded in docs/reliability.md)."""
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ class Engine:
         self.budget = 0
         self.auto: BudgetPolicy | None = None  # the chooser while budget="auto"
         self._pass_costs = PassCosts()       # target pass costs: one machine, shared by every draft shape
-        self._auto_states: dict[str, BudgetPolicy] = {}  # per draft shape, kept across set_budget calls
+        self._auto_states: dict[str, BudgetPolicy] = {}  # per drafting method, kept across set_budget calls
         self.budget_config = GPU if on_gpu else CPU  # the automatic budget's tuning (``decode.budget.config``)
         self._warm = on_gpu if warm_up is None else bool(warm_up)
         self._warmed: set[int] = set()       # verification sizes warmed up (``_warm_up``)
@@ -155,6 +155,11 @@ class Engine:
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
+        #: None, or ``fn(record, stretch)`` called after each decode step of a generation (tools: timers,
+        #: traces): ``record`` the step's ``decode.step.StepRecord``, after the statistics and the automatic
+        #: budget took it; ``stretch`` True for a plain step of the automatic budget's plain stretch (run
+        #: without the drafter). Unset, a step costs one test of this attribute.
+        self.on_step = None
 
     # -- public API ----------------------------------------------------------------------
     def set_budget(self, budget: int | str | None) -> None:
@@ -169,7 +174,7 @@ class Engine:
         _check_budget(budget)
         if isinstance(budget, str):
             self.set_budget(None)
-            self.auto = self._auto_for(self.tree_mode) if self.drafter is not None else None
+            self.auto = self.budget_policy() if self.drafter is not None else None
             if self._warm:
                 self._warm_up(auto=True)
             return
@@ -224,12 +229,15 @@ class Engine:
             raise
         self.method.prepare(self.target)
 
-    def _auto_for(self, shape: str) -> BudgetPolicy:
-        """The auto-budget state of a draft shape (gain curves and draft times differ by shape;
-        the target's pass costs are shared)."""
-        if shape not in self._auto_states:
-            self._auto_states[shape] = BudgetPolicy(self.budget_config, costs=self._pass_costs)
-        return self._auto_states[shape]
+    def budget_policy(self, method: str | None = None) -> BudgetPolicy:
+        """The automatic budget's policy of a drafting method (default: the current one, ``tree_mode``), made
+        at first use and kept across ``set_budget`` / ``set_draft`` (gain curves and draft times differ by
+        method; the target's pass costs are shared). ``self.auto`` is the current method's while the
+        budget is "auto"."""
+        method = self.tree_mode if method is None else method
+        if method not in self._auto_states:
+            self._auto_states[method] = BudgetPolicy(self.budget_config, costs=self._pass_costs)
+        return self._auto_states[method]
 
     @property
     def active_drafter(self) -> DFlashDrafter | None:
@@ -347,7 +355,8 @@ class Engine:
         try:
             while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
                 remaining = max_tokens - st.n_generated
-                if left:
+                stretch = left > 0
+                if stretch:
                     rec = run_step(tgt, None, shape, 0, None, last, remaining, choose, backend)
                     left, done, t_verify, t_step = left - 1, done + 1, t_verify + rec.t_verify, t_step + rec.t_step
                     if not left:
@@ -358,6 +367,8 @@ class Engine:
                     if auto is not None:
                         left = auto.observe(rec)
                 st.add_step(rec)
+                if self.on_step is not None:
+                    self.on_step(rec, stretch)
                 for t in rec.tokens:
                     st.n_generated += 1
                     st.t_total = time.perf_counter() - t0

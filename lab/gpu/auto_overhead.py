@@ -13,7 +13,8 @@ time per step differs most between the modes (cProfile, own time). Runs on the C
 
 ``--set humaneval,gsm8k`` runs the sets one after the other in one engine (the budget's state carried
 from one to the next, as in tfm-bench); each probe and each captured prompt (``observe_prompt``) is
-listed with its set.
+listed with its set. The steps come from the engine's ``on_step`` hook (the budget's state read once it
+observed the step), a captured prompt's seconds from the budget's probe schedule after the prefill.
 """
 from __future__ import annotations
 
@@ -38,59 +39,12 @@ def main() -> None:
                     help="BudgetConfig fields to override, e.g. measured_depth=False (as lab/budget_replay.py --set)")
     a = ap.parse_args()
 
-    from tfm_local.decode import budget as budget_module
+    import numpy as np
+
     from tfm_local.decode.sampling import SamplingParams
     from tfm_local.engine import Engine
     from tfm_local.files.datasets import load_prompt_set
 
-    probes = []
-    real_observe_spec = budget_module.BudgetPolicy.observe_spec
-
-    def observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw):
-        was_probe = self.probing
-        real_observe_spec(self, n_nodes, verify_s, draft_s, curve, budget, accepted, **kw)
-        probes.append(dict(set=current.get("set"), probe=was_probe, n_nodes=n_nodes, verify_ms=1e3 * verify_s, draft_ms=1e3 * draft_s,
-                           budget=budget, accepted=accepted, predicted=float(curve[budget - 1]),
-                           ratio=self.ratio, draft_mean_ms=1e3 * self.draft_s,
-                           probe_cost_ms=None if self.probes.probe_cost is None else 1e3 * self.probes.probe_cost,
-                           probe_every=self.probes.every))
-
-    budget_module.BudgetPolicy.observe_spec = observe_spec
-    prompts_captured = []
-    real_observe_prompt = budget_module.BudgetPolicy.observe_prompt
-
-    def observe_prompt(self, seconds):
-        prompts_captured.append(dict(set=current.get("set"), ms=1e3 * seconds, speculating=self._spec))
-        real_observe_prompt(self, seconds)
-
-    budget_module.BudgetPolicy.observe_prompt = observe_prompt
-
-    import numpy as np
-    import tfm_local.engine as engine_module
-
-    steps_by_kind: dict[str, list] = {}
-    current = {"mode": None}
-    real_run_step = engine_module.run_step
-
-    def run_step(target, drafter, shape, budget, auto, *rest):
-        rec = real_run_step(target, drafter, shape, budget, auto, *rest)
-        if current["mode"] is not None:
-            if current["mode"] == "plain":
-                kind = "plain"
-            elif drafter is None:
-                kind = "auto: stretch"
-            elif rec.speculative:
-                kind = "auto: probe" if rec.probe else "auto: speculative"
-            elif rec.switched:
-                kind = "auto: capture switched"
-            else:
-                kind = "auto: capturing" if rec.capture else "auto: plain, no capture"
-            steps_by_kind.setdefault(kind, []).append(
-                [1e3 * rec.t_step, 1e3 * rec.phases["submit"], 1e3 * rec.phases["verify"],
-                 1e3 * rec.phases["drafter"], len(rec.tokens)])
-        return rec
-
-    engine_module.run_step = run_step
     tree = "ddtree" if a.mode.startswith("ddtree") else "chain"
     eng = Engine(a.target, a.drafter, budget="auto", tree=tree, n_threads=a.threads)
     if a.budget:
@@ -99,8 +53,39 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from budget_replay import parse_set
         from dataclasses import replace
-        state = eng._auto_for(tree)
+        state = eng.budget_policy(tree)
         state.config = replace(state.config, **parse_set(a.budget))
+    probes, prompts_captured = [], []
+    steps_by_kind: dict[str, list] = {}
+    current = {"mode": None}
+
+    def on_step(rec, stretch):
+        """Each step by kind; each speculative step with the automatic budget's state once it was observed."""
+        if current["mode"] is None:
+            return
+        if current["mode"] == "plain":
+            kind = "plain"
+        elif stretch:
+            kind = "auto: stretch"
+        elif rec.speculative:
+            kind = "auto: probe" if rec.probe else "auto: speculative"
+        elif rec.switched:
+            kind = "auto: capture switched"
+        else:
+            kind = "auto: capturing" if rec.capture else "auto: plain, no capture"
+        steps_by_kind.setdefault(kind, []).append(
+            [1e3 * rec.t_step, 1e3 * rec.phases["submit"], 1e3 * rec.phases["verify"],
+             1e3 * rec.phases["drafter"], len(rec.tokens)])
+        auto = eng.auto
+        if rec.speculative and auto is not None:
+            probes.append(dict(set=current.get("set"), probe=rec.probe, n_nodes=rec.n_nodes,
+                               verify_ms=1e3 * rec.t_verify, draft_ms=1e3 * (rec.t_draft - rec.t_sync),
+                               budget=rec.budget, accepted=rec.n_accepted, predicted=float(rec.curve[rec.budget - 1]),
+                               ratio=auto.ratio, draft_mean_ms=1e3 * auto.draft_s,
+                               probe_cost_ms=None if auto.probes.probe_cost is None else 1e3 * auto.probes.probe_cost,
+                               probe_every=auto.probes.every))
+
+    eng.on_step = on_step
     prompts = [(name, p) for name in a.set.split(",") for p in load_prompt_set(name, a.n)]
     sp = SamplingParams()
     modes = {"plain": 0, a.mode: "auto"}
@@ -110,16 +95,22 @@ def main() -> None:
         for m, b in modes.items():
             eng.set_budget(b)
             list(eng.generate_ids(eng.prompt_tokens(p.messages), 16, sp))
-    probes.clear()
-    prompts_captured.clear()
     t0 = time.time()
     for current["set"], p in prompts:
         ids = eng.prompt_tokens(p.messages)
         for m, b in modes.items():
             eng.set_budget(b)
             current["mode"] = m
+            auto = eng.auto
+            prompt_s = auto.probes.prompt_s if auto is not None else 0.0
             prof[m].enable()
-            list(eng.generate_ids(ids, a.tokens, sp))
+            it = eng.generate_ids(ids, a.tokens, sp)
+            next(it)  # the prefill: a captured prompt's seconds went to the budget (BudgetPolicy.observe_prompt)
+            if auto is not None and auto.probes.prompt_s > prompt_s:
+                prompts_captured.append(dict(set=current["set"], ms=1e3 * (auto.probes.prompt_s - prompt_s),
+                                             speculating=auto.speculating))
+            for _ in it:
+                pass
             prof[m].disable()
             current["mode"] = None
             rows[m].append(dict(eng.stats.to_dict(), set=current["set"], prompt_id=p.id))

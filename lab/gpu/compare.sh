@@ -11,7 +11,7 @@ while [ ! -e ${ST:-~/st}/all.done ]; do sleep 5; done
 for g in ${FIT_GPUS:-0 1}; do
   D=~/w/run$g/export/drafter-q4_0.gguf
   [ -e $D ] || continue
-  CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.bench.tfm_bench --target ~/w/model.gguf --drafter $D --threads 4 \
+  CUDA_VISIBLE_DEVICES=$g python3 -m tfm_local.bench --target ~/w/model.gguf --drafter $D --threads 4 \
     --modes chain --sets mtbench,gsm8k,humaneval -n 40 --max-tokens 256 --no-plot \
     --json ${ST:-~/st}/bench-run$g.json > ${ST:-~/st}/bench-run$g.txt 2>&1 &
 done

@@ -23,10 +23,10 @@ O=${ST:-~/st}/cuda; mkdir -p $O
 T=~/w/model.gguf
 # the shipped drafter (on a GPU "auto" is the full draft vocabulary: the fourteenth session's A/B of the
 # reduced one gained no drafter time and lost 1-3% of tau; VOCAB_AB=1 runs that A/B again with the ids)
-python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads ${THREADS:-4} \
+python3 -m tfm_local.bench --target $T --drafter auto --threads ${THREADS:-4} \
   --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench.json \
   > $O/bench.txt 2>&1
-[ -n "${VOCAB_AB:-}" ] && python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads ${THREADS:-4} \
+[ -n "${VOCAB_AB:-}" ] && python3 -m tfm_local.bench --target $T --drafter auto --threads ${THREADS:-4} \
   --draft-vocab $(ls ~/repo/tfm_local/assets/*.draft-vocab.npy | head -1) \
   --modes plain,chain,ddtree@8,ddtree@16,ddtree@32 -n 10 --max-tokens 256 --no-plot --json $O/bench-vocab-ids.json \
   > $O/bench-vocab-ids.txt 2>&1
@@ -42,7 +42,7 @@ for m in chain ddtree; do
 done > $O/graphs.txt
 # tree GDN at 128 nodes: the synthetic tree of earlier sessions, then five real DDTree@128 trees of the
 # shipped drafter (docs/results/trees-ddtree128.npz, from lab/capture_trees.py), spread over their per-branch cost
-G="python3 -m tfm_local.bench.gdn_cli --device gpu --iters 30 --repeat 8 --rounds 5 --threads ${THREADS:-4}"
+G="python3 -m tfm_local.bench gdn --device gpu --iters 30 --repeat 8 --rounds 5 --threads ${THREADS:-4}"
 $G --nodes 128 --json $O/gdn.json > $O/gdn.txt 2>&1
 $G --trees docs/results/trees-ddtree128.npz --tree-count 5 --json $O/gdn-real.json > $O/gdn-real.txt 2>&1
 touch ${ST:-~/st}/gdn.done

@@ -7,7 +7,7 @@
 # 2. a Weaver of the default pair (tfm-train weaver, FIT_MIN minutes; held-out tau of chain / DDTree / TfM at
 #    TREES nodes and DARTree's W and K sweep in its log); GGUFs in ~/st/dartree/;
 # 3. once the CUDA build is done (~/st/build.done): the backend DARTree's test on the CPU and the GPU
-#    (tests.log); tfm-bench-trees, the ms of a TfM heap tree against a
+#    (tests.log); tfm-bench trees, the ms of a TfM heap tree against a
 #    DARTree built on the host and on the backend, GPU and CPU, B = 16 and 64 (trees.json);
 # 4. tfm-bench greedy, first BENCH_N prompts a set, MAXTOK tokens: plain, chain, DDTree@64, TfM@64 and
 #    DARTree@64 with the same Weaver (bench.json): tau, tokens/s and tree ms a step side by side.
@@ -30,8 +30,8 @@ cp ~/w/weaver/export/*.gguf $OUTD/ && touch ${ST:-~/st}/weaver.done
 bash ~/repo/lab/gpu/wait.sh 900 ${ST:-~/st}/build.done
 W=~/w/weaver/export/weaver-q8_0.gguf
 python3 -m pytest -q -p no:cacheprovider tests/test_weaver.py -k "backend_is_the_hosts" > $OUTD/tests.log 2>&1
-python3 -m tfm_local.bench.trees --weaver $W --target $T --budgets 16,64 --drafts 30 --json $OUTD/trees.json \
+python3 -m tfm_local.bench trees --weaver $W --target $T --budgets 16,64 --drafts 30 --json $OUTD/trees.json \
   > $OUTD/trees.log 2>&1
-python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot --weaver $W \
+python3 -m tfm_local.bench --target $T --drafter auto --threads 4 --no-plot --weaver $W \
   --modes plain,chain,ddtree@64,tfm@64,dartree@64 -n "${BENCH_N:-40}" --max-tokens "${MAXTOK:-128}" \
   --json $OUTD/bench.json > $OUTD/bench.log 2>&1 && touch ${ST:-~/st}/dartree.done

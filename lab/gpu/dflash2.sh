@@ -34,7 +34,7 @@ python3 -m tfm_local.cli.train fit --corpus ~/w/c0 --target $T --init-from "$INI
   ${FIT_OPTS:-} > $OUTD/fit.log 2>&1 || { echo "dflash2 fit failed (dflash2/fit.log)"; exit 1; }
 cp ~/w/dflash2/export/*.gguf $OUTD/ && ls -l $OUTD/*.gguf && touch ${ST:-~/st}/dflash2.done
 [ "${BENCH:-1}" = 0 ] && exit 0
-bench=(python3 -m tfm_local.bench.tfm_bench --target $T --threads 4 --no-plot -n "${BENCH_N:-40}" --max-tokens 256)
+bench=(python3 -m tfm_local.bench --target $T --threads 4 --no-plot -n "${BENCH_N:-40}" --max-tokens 256)
 "${bench[@]}" --drafter "$INIT" --modes plain,chain,ddtree@64 --json $OUTD/bench-dflash.json > $OUTD/bench-dflash.log 2>&1
 "${bench[@]}" --drafter ~/w/dflash2/export/drafter-q4_0.gguf --modes plain,chain,ddtree@64,lattice@64,dartree@64 \
   --json $OUTD/bench-dflash2.json > $OUTD/bench-dflash2.log 2>&1 && touch ${ST:-~/st}/dflash2-bench.done

@@ -171,15 +171,6 @@ def greedy_run(engine, ids: list[int], n_tokens: int, on_row: RowHook | None = N
 
 
 # -- tree passes against path decoding ----------------------------------------------------------
-def rewind(target, n: int) -> None:
-    """Cut the target's committed tokens back to the first ``n`` (a target that can cut its cache back)."""
-    if not target.can_truncate:
-        raise ValueError(f"a {target.model.arch} target cannot cut its cache back by position")
-    if target.n_past > n:
-        target.ctx.truncate(n)
-        target.n_past = n
-
-
 def tree_rows(target, tokens, parents, nodes) -> dict[int, np.ndarray]:
     """One ``Target.verify`` of the tree at the committed length; copies of ``nodes``' rows (nothing kept)."""
     v = target.verify(np.asarray(tokens), np.asarray(parents))
@@ -192,6 +183,8 @@ def path_rows(target, tokens, parents, nodes) -> dict[int, np.ndarray]:
     """Each of ``nodes``' rows when its root-to-node path is decoded one token at a time after the
     committed tokens: a depth-first walk over the union of the paths (each tree edge decoded once,
     cut back by position between branches); the cache is left as it was."""
+    if not target.can_truncate:  # each branch is cut back by position (Target.rewind)
+        raise ValueError(f"a {target.model.arch} target cannot cut its cache back by position")
     parents = np.asarray(parents)
     base = target.n_past
     need = set()
@@ -211,7 +204,7 @@ def path_rows(target, tokens, parents, nodes) -> dict[int, np.ndarray]:
     try:
         while stack:
             i = stack.pop()
-            rewind(target, base + int(depth[i]))
+            target.rewind(base + int(depth[i]))
             v = target.verify([int(tokens[i])])
             try:
                 if i in want:
@@ -220,7 +213,7 @@ def path_rows(target, tokens, parents, nodes) -> dict[int, np.ndarray]:
                 target.commit([0])
             stack.extend(reversed(kids.get(i, [])))
     finally:
-        rewind(target, base)
+        target.rewind(base)
     return rows
 
 

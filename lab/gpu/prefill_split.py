@@ -1,8 +1,10 @@
 """Where a generation's time to its first token goes in the engine itself, by mode: plain decoding
 (budget 0), a fixed budget (every prompt captured) and the automatic budget, each prompt twice (the
-second time every shape has been seen). Each engine call on the way to the first token is wrapped with
-a timer that synchronizes the target's and the drafter's contexts before and after it, so the parts add
-up to the wrapped total; an unwrapped round gives the engine's own time to first token beside it.
+second time every shape has been seen). Each engine call on the way to the first token (public methods of
+the target and drafter, and the target context's decodes through its ``observer``) is wrapped with a timer
+that synchronizes the target's and the drafter's contexts before and after it; a call inside another
+counts only in its own part, so the parts add up to the wrapped total; an unwrapped round gives the
+engine's own time to first token beside it.
 
 On the H200 a captured prompt's first token came ~9.6 ms later than plain decoding's while
 its parts measured apart (lab/gpu/prompt_capture.py: the features' read 0.5 ms, the drafter's injection
@@ -32,7 +34,6 @@ def main() -> None:
                     help="every mode on a prompt before the next prompt (as tfm-bench runs them), once each")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    from tfm_local.decode import step as step_mod
     from tfm_local.decode.sampling import SamplingParams
     from tfm_local.engine import Engine
     from tfm_local.files.datasets import load_prompt_set
@@ -42,44 +43,57 @@ def main() -> None:
     ctxs = [tgt.ctx, dft.ctx]
     parts: dict[str, float] = defaultdict(float)
     on = [False]
+    running: list[list] = []  # the timed regions open now, innermost last: [label, start]
 
-    def wrap(obj, name, label=None):
+    def enter(label):
+        for c in ctxs:
+            c.synchronize()
+        running.append([label, time.perf_counter()])
+
+    def leave():
+        for c in ctxs:
+            c.synchronize()
+        label, t = running.pop()
+        dt = time.perf_counter() - t
+        parts[label] += dt
+        if running:  # an enclosing region counts only its own time: the parts add up to the total
+            parts[running[-1][0]] -= dt
+
+    def wrap(obj, name, label):
+        """Time the public method ``name`` of the instance ``obj`` while ``on``."""
         fn = getattr(obj, name)
 
         def timed(*args, **kw):
             if not on[0]:
                 return fn(*args, **kw)
-            for c in ctxs:
-                c.synchronize()
-            t = time.perf_counter()
+            enter(label)
             try:
                 return fn(*args, **kw)
             finally:
-                for c in ctxs:
-                    c.synchronize()
-                parts[label or name] += time.perf_counter() - t
+                leave()
         setattr(obj, name, timed)
+
+    class Decodes:
+        """The target's llama.cpp decodes (its context's observer, tfm_local.llama.model.DecodeObserver)."""
+
+        def before(self, ctx, what, n):
+            if on[0]:
+                enter("target.decode")
+
+        def after(self, ctx, what, n, seconds):
+            if on[0]:
+                leave()
 
     wrap(dft, "reset", "drafter.reset")
     wrap(dft, "inject", "drafter.inject")
     wrap(tgt, "features", "target.features")
     wrap(tgt, "attach_argmax", "target.attach")
     wrap(tgt, "attach_sampler", "target.attach")
-    wrap(tgt.ctx, "decode_tokens", "target.decode")
-    wrap(tgt, "_read_choice", "target.read_choice")
-    orig_set_capture = step_mod.set_capture
-
-    def set_capture(*args):
-        if not on[0]:
-            return orig_set_capture(*args)
-        for c in ctxs:
-            c.synchronize()
-        t = time.perf_counter()
-        r = orig_set_capture(*args)
-        parts["set_capture"] += time.perf_counter() - t
-        return r
-    import tfm_local.engine as engine_mod
-    engine_mod.set_capture = set_capture
+    wrap(tgt, "set_features", "set_capture")  # the engine's capture switch (decode.step.set_capture)
+    # the prefill's own time besides its decodes and the features' injection: the backend's choice read back
+    wrap(tgt, "prefill_choice", "target.prefill, rest")
+    wrap(tgt, "prefill", "target.prefill, rest")
+    tgt.ctx.observer = Decodes()
 
     prompts = [(name, p) for name in a.sets.split(",") for p in load_prompt_set(name, a.n)]
     sp = SamplingParams()
@@ -94,7 +108,7 @@ def main() -> None:
         on[0] = wrapped
         tgt.ctx.synchronize(), dft.ctx.synchronize()
         t0 = time.perf_counter()
-        it = eng._token_stream(ids, a.tokens, sp)
+        it = eng.generate_ids(ids, a.tokens, sp)
         next(it)
         ttft = time.perf_counter() - t0
         on[0] = False

@@ -26,7 +26,7 @@
 set -uo pipefail
 stage=${1:?stage}; wait_s=${2:-560}
 . lab/gpu/stage_env.sh
-B="python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot"
+B="python3 -m tfm_local.bench --target $T --drafter auto --threads 4 --no-plot"
 
 case $stage in
   tests) cmd="set -x

@@ -2,7 +2,7 @@
 host makes in it (launches, copies, synchronisations), and the GPU kernels launched in it.
 
 The engine generates for each mode (``plain``, ``chain``, ``ddtree@16`` … as tfm-bench's ``--modes``)
-under ``torch.profiler`` (CPU + CUDA activities, CUPTI); ``PhaseClock.mark`` is wrapped so that each
+under ``torch.profiler`` (CPU + CUDA activities, CUPTI); ``PhaseClock.observe`` sees every mark, so that each
 stretch between two marks (the step's phases: drafter, tree, submit, verify, accept; "other" between
 steps) is a named profiler range. Per mode and phase, per step: wall ms; the CUDA runtime and driver
 calls that start inside the phase (count and ms, by name: ``cudaLaunchKernel``, ``cudaMemcpyAsync``,
@@ -42,8 +42,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from tfm_local.bench.tfm_bench import parse_modes
-    from tfm_local.decode import stats as stats_module
-    from tfm_local.decode import step as step_module
+    from tfm_local.decode.stats import PhaseClock
     from tfm_local.decode.sampling import SamplingParams
     from tfm_local.engine import Engine
     from tfm_local.files.datasets import load_prompt_set
@@ -59,16 +58,7 @@ def main() -> None:
         r.__enter__()
         open_range[0] = r
 
-    class ProfiledClock(stats_module.PhaseClock):
-        def __init__(self, acc):
-            close("other")
-            super().__init__(acc)
-
-        def mark(self, phase):
-            close(phase)
-            super().mark(phase)
-
-    step_module.PhaseClock = ProfiledClock
+    PhaseClock.observe(lambda phase: close(phase or "other"))  # every step's clock: a range per phase
     modes = parse_modes(a.modes)
     eng = Engine(a.target, a.drafter, budget="auto", n_threads=a.threads)
     prompts = load_prompt_set(a.set, a.n)
@@ -93,6 +83,7 @@ def main() -> None:
         out["modes"][m.label] = table(prof, labels, steps, DeviceType)
         out["modes"][m.label].update(steps=steps, tau=taus / max(steps, 1))
         print_mode(m.label, out["modes"][m.label])
+    PhaseClock.observe(None)
     eng.close()
     if a.out:
         with open(a.out, "w") as f:

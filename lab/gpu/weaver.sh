@@ -26,6 +26,6 @@ python3 -m tfm_local.cli.train weaver --corpus ~/w/c0 --target $T --drafter auto
   > ${ST:-~/st}/weaver/fit.log 2>&1 || { echo "weaver fit failed (weaver/fit.log)"; exit 1; }
 cp ~/w/weaver/export/*.gguf ${ST:-~/st}/weaver/ && touch ${ST:-~/st}/weaver.done
 # 3. the engine with it: plain, DDTree and TfM at 16 and 64 nodes, greedy, 40 prompts a set (BENCH=0: skip)
-[ "${BENCH:-1}" = 0 ] || python3 -m tfm_local.bench.tfm_bench --target $T --drafter auto --threads 4 --no-plot \
+[ "${BENCH:-1}" = 0 ] || python3 -m tfm_local.bench --target $T --drafter auto --threads 4 --no-plot \
   --weaver ~/w/weaver/export/weaver-q8_0.gguf --modes plain,ddtree@16,tfm@16,ddtree@64,tfm@64 -n "${BENCH_N:-40}" --max-tokens 256 \
   --json ${ST:-~/st}/weaver/bench-tfm.json > ${ST:-~/st}/weaver/bench.log 2>&1 && touch ${ST:-~/st}/weaver-bench.done

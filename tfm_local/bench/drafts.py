@@ -1,4 +1,4 @@
-"""The cost of the DFlash drafter's passes, one kind at a time (``tfm-bench-pass --drafter``).
+"""The cost of the DFlash drafter's passes, one kind at a time (``tfm-bench pass --drafter``).
 
 After the target has prefilled a prompt of ``n_prompt`` tokens whose features were injected into the
 drafter, each timed pass works at the drafter position ``n_prompt`` and leaves the drafter's cache as

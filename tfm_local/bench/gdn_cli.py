@@ -1,4 +1,4 @@
-"""tfm-bench-gdn: the Gated DeltaNet tree ops against per-branch recurrent verification (docs/gdn-tree.md).
+"""tfm-bench gdn: the Gated DeltaNet tree ops against per-branch recurrent verification (docs/gdn-tree.md).
 
 For each tree size (``--nodes``) one DDTree-shaped tree (tfm_local/gdn_bench.py) at the given layer
 dimensions (defaults: Qwen3.6-27B's Gated DeltaNet, 48 layers): the tree op
@@ -13,7 +13,7 @@ graph of R copies and reports the ops' own times, without the launch and synchro
 ones (lab/capture_trees.py records them from the drafter's DDTree), ``--tree-count`` of them spread over
 the file's range of per-branch cost; the bar then takes the median speedup over them.
 
-    python -m tfm_local.bench.gdn_cli --device gpu --repeat 8 --json gdn-h200.json
+    tfm-bench gdn --device gpu --repeat 8 --json gdn-h200.json
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from . import gdn as gdn_bench
 from ..testing import op_harness
 from ..files.atomic import sha256_file
 from ..cli.common import add_timing_args, check_writable, device_name, fail, int_list, positive_int, run_record, write_json
+from ..cli.program import alias_note, program_name
 from .provenance import provenance
 
 D_CONV_MAX = 16  # GGML_SSM_CONV_TREE_MAX_D_CONV (patch 0005): a larger kernel aborts in ggml_ssm_conv_tree
@@ -43,7 +44,8 @@ METHOD = ("per-branch = every root-to-leaf path as its own sequence of upstream 
 
 def parse_args(argv=None) -> argparse.Namespace:
     d = gdn_bench.Dims()
-    ap = argparse.ArgumentParser(prog="tfm-bench-gdn", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-gdn"), description=__doc__.split("\n")[0],
+                                 epilog=alias_note("tfm-bench gdn"))
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="backend (default cpu)")
     ap.add_argument("--nodes", type=int_list, default=[16, 32, 64, 128], help="tree sizes (default 16,32,64,128)")
     for name, default, what in (("heads-v", d.heads_v, "value heads H_v"), ("heads-k", d.heads_k, "q/k heads H_k"),

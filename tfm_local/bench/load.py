@@ -1,4 +1,4 @@
-"""tfm-bench-load: tfm-serve under concurrent streaming clients, cancellations and bad bodies.
+"""tfm-bench load: tfm-serve under concurrent streaming clients, cancellations and bad bodies.
 
 Starts ``tfm-serve`` on a free loopback port (or uses ``--url``), asks it for each prompt's greedy
 answer while idle (the reference), then runs ``--clients`` threads for ``--seconds``. Each request is
@@ -10,7 +10,7 @@ a stream without its end), p50 / p95 time to the first token and tokens per seco
 and the server's resident memory over the run (``/proc/PID/status``, when the harness started it).
 Exits 1 when any 5xx, failed request or mismatch occurred.
 
-    tfm-bench-load --target qwen2.5-coder-1.5b-instruct --clients 8 --seconds 600 --json load.json
+    tfm-bench load --target qwen2.5-coder-1.5b-instruct --clients 8 --seconds 600 --json load.json
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ import threading
 import time
 
 import numpy as np
+
+from ..cli.program import alias_note, program_name
 
 PROMPTS = ["Write a Python function that reverses a string.", "What is 17 times 23?",
            "Name three primary colors.", "Explain what a hash map is in one sentence.",
@@ -56,7 +58,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + args.startup
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"tfm-bench-load: the server exited: {proc.stderr.read()[-2000:]}")
+            raise SystemExit(f"{program_name('tfm-bench-load')}: the server exited: {proc.stderr.read()[-2000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
@@ -64,7 +66,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise SystemExit("tfm-bench-load: the server did not come up")
+    raise SystemExit(f"{program_name('tfm-bench-load')}: the server did not come up")
 
 
 def rss_mb(pid: int) -> float | None:
@@ -177,7 +179,8 @@ def run_load(url: str, clients: int, seconds: float, max_tokens: int, reference:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-load"), description=__doc__.split("\n\n")[0],
+                                 epilog=alias_note("tfm-bench load"))
     ap.add_argument("--url", default=None, help="a running tfm-serve (default: start one)")
     ap.add_argument("--target", default=None, help="the server's target (default: its default)")
     ap.add_argument("--drafter", default=None)
@@ -214,7 +217,7 @@ def main(argv=None) -> int:
     ttft, tps = np.array(st["ttft"] or [np.nan]), np.array(st["tps"] or [np.nan])
     rss = st["rss"]
     growth = (max(rss) - rss[min(len(rss) - 1, max(len(rss) // 10, 1))]) if len(rss) > 2 else 0.0
-    res = dict(argv=sys.argv[1:], date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), clients=a.clients,
+    res = dict(argv=list(sys.argv[1:] if argv is None else argv), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), clients=a.clients,
                seconds=round(elapsed, 1), requests=st["requests"], by_kind=st["by_kind"], status=st["status"],
                server_errors=st["server_errors"], failures=st["failures"][:50], n_failures=len(st["failures"]),
                ttft_p50_s=float(np.nanpercentile(ttft, 50)), ttft_p95_s=float(np.nanpercentile(ttft, 95)),

@@ -73,7 +73,7 @@ class PassBench:
     def __init__(self, target: Target, prompt: list[int], feature_layers: list[int]):
         if not target.can_truncate:
             raise ValueError(f"a {target.model.arch} target cannot drop a verified pass (recurrent state); "
-                             "this benchmark needs a target that can truncate (see tfm-bench-verify)")
+                             "this benchmark needs a target that can truncate (see tfm-bench verify)")
         self.target, self.n_prompt, self.feature_layers = target, len(prompt), list(feature_layers)
         target.set_features([])
         target.prefill(prompt)

@@ -1,4 +1,4 @@
-"""tfm-bench-pass: where one target verification pass of n tokens spends its time.
+"""tfm-bench pass: where one target verification pass of n tokens spends its time.
 
 Loads the target (``--target``: a path, ``hf://owner/repo/file.gguf`` or a built-in name), prefills
 ``--ctx`` random token ids, then for each pass size (``--tokens``) times ``--iters`` passes of n tokens
@@ -9,7 +9,7 @@ drafter's layer-input features captured and read, and the last row only (with th
 return time apart from the wait for the backend). Prints a table of median and min ms per pass and
 writes JSON (``--json``).
 
-    tfm-bench-pass --tokens 1,2,4,8,16,32,64,128 --json pass-h200.json
+    tfm-bench pass --tokens 1,2,4,8,16,32,64,128 --json pass-h200.json
 """
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ import numpy as np
 from . import drafts as db
 from . import passes as pb
 from ..cli.common import add_timing_args, device_name, fail, int_list, positive_int, run_record, write_json
+from ..cli.program import alias_note, program_name
 from .provenance import provenance
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="tfm-bench-pass", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-pass"), description=__doc__.split("\n")[0],
+                                 epilog=alias_note("tfm-bench pass"))
     ap.add_argument("--target", default=None, help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in "
                     "name (default qwen2.5-coder-1.5b-instruct)")
     ap.add_argument("--ctx", type=positive_int, default=512, help="prompt tokens prefilled (default 512)")

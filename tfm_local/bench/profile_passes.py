@@ -3,7 +3,7 @@
     python3 -m tfm_local.bench.profile_passes --target ~/w/model.gguf --drafter auto --tokens 1,8,16 --iters 20 \\
         --json profile.json
 
-Each case (a target pass of n tokens with the backend argmax, as ``tfm-bench-pass --variants argmax``;
+Each case (a target pass of n tokens with the backend argmax, as ``tfm-bench pass --variants argmax``;
 the drafter's top-k block pass; a drafter step = inject 1 row + top-k block, as
 ``tfm_local/bench/drafts.py``) runs ``--iters`` times inside a ``torch.profiler`` range, after untimed
 warm-up passes. The profiler's CUPTI tracing records every CUDA kernel of the process, llama.cpp's

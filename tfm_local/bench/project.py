@@ -1,7 +1,7 @@
-"""tfm-bench-project: the speed-up a target would get, from the step costs measured on one pair and the
+"""tfm-bench project: the speed-up a target would get, from the step costs measured on one pair and the
 acceptance measured on another.
 
-A random-weight twin (``tfm-bench-twin``) has the shape and tensor types of a large target, so its passes
+A random-weight twin (``tfm-bench twin``) has the shape and tensor types of a large target, so its passes
 cost what the real model's would, but its drafts are never accepted (τ = 1). A real pair gives τ but not
 the large target's costs. This command joins the two tfm-bench JSONs: for each set and fixed-budget mode
 of the τ source, the projected speed-up over plain decoding is
@@ -14,7 +14,7 @@ its sets. It is printed as a projection, naming both sources. What it leaves out
 commits and injects one token, so the accept and drafter phases of a step that accepts τ tokens are a
 little dearer than measured; and a real target's acceptance need not equal the pair's that gave τ.
 
-    tfm-bench-project --costs twin-bench.json --tau real-bench.json [--json projection.json]
+    tfm-bench project --costs twin-bench.json --tau real-bench.json [--json projection.json]
 """
 from __future__ import annotations
 
@@ -24,15 +24,17 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli.program import alias_note, program_name
+
 
 def _load(path: str) -> dict:
     """A tfm-bench JSON (its ``summary`` rows); SystemExit with the reason when it is not one."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise SystemExit(f"tfm-bench-project: cannot read {path}: {e}")
+        raise SystemExit(f"{program_name('tfm-bench-project')}: cannot read {path}: {e}")
     if not isinstance(doc, dict) or not isinstance(doc.get("summary"), list):
-        raise SystemExit(f"tfm-bench-project: {path} is not a tfm-bench JSON (no 'summary' list)")
+        raise SystemExit(f"{program_name('tfm-bench-project')}: {path} is not a tfm-bench JSON (no 'summary' list)")
     return doc
 
 
@@ -88,7 +90,8 @@ def _source(doc: dict, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-project"), description=__doc__.split("\n\n")[0],
+                                 epilog=alias_note("tfm-bench project"))
     ap.add_argument("--costs", required=True, help="tfm-bench JSON whose step costs to use (e.g. a twin's)")
     ap.add_argument("--tau", required=True, help="tfm-bench JSON whose τ to use (a real pair's)")
     ap.add_argument("--sampling", default="greedy", help="the rows' sampling label (default greedy)")
@@ -97,8 +100,8 @@ def main(argv=None) -> int:
     costs, tau = _load(args.costs), _load(args.tau)
     rows = project(costs, tau, args.sampling)
     if not rows:
-        print("tfm-bench-project: no fixed-budget mode of the τ source was measured in the cost source "
-              "(with plain decoding)", file=sys.stderr)
+        print(f"{program_name('tfm-bench-project')}: no fixed-budget mode of the τ source was measured in the "
+              "cost source (with plain decoding)", file=sys.stderr)
         return 1
     print("PROJECTION (not a measurement)")
     print(f"  costs from {_source(costs, args.costs)}")
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
     for name, path, doc in (("costs", args.costs, costs), ("τ", args.tau, tau)):
         lacks = problems(doc.get("provenance"))
         if lacks:
-            print(f"tfm-bench-project: warning: the {name} source {path} cannot say where it ran "
+            print(f"{program_name('tfm-bench-project')}: warning: the {name} source {path} cannot say where it ran "
                   f"({'; '.join(lacks[:3])})", file=sys.stderr)
     if args.json:
         from ..files.atomic import write_json

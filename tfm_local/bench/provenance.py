@@ -24,7 +24,7 @@ SHA-256s of files are remembered by (resolved path, size, mtime, ctime, inode) i
 file hashes is gathered once a process (``_static``), at the first call: the state the run started
 from.
 
-``problems(record)`` lists what a record lacks (the test of every tool's JSON, and tfm-bench-project's
+``problems(record)`` lists what a record lacks (the test of every tool's JSON, and tfm-bench project's
 check of its sources).
 """
 from __future__ import annotations

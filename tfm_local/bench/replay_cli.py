@@ -1,7 +1,7 @@
-"""tfm-bench-replay: chain τ of drafters on the greedy outputs a tfm-bench run recorded, without the
+"""tfm-bench replay: chain τ of drafters on the greedy outputs a tfm-bench run recorded, without the
 target's verify passes (tfm_local/replay.py).
 
-    tfm-bench-replay --from bench.json --drafter a-q8_0.gguf b-q4_0.gguf [--sets mtbench] [-n 20]
+    tfm-bench replay --from bench.json --drafter a-q8_0.gguf b-q4_0.gguf [--sets mtbench] [-n 20]
 
 The outputs (``output_ids``) of each set and prompt of ``--from`` (any mode: at temperature 0 they
 are the target's greedy outputs) are replayed with each drafter: one target prefill per prompt, then
@@ -18,11 +18,13 @@ from pathlib import Path
 
 from .replay import replay_chain, sequence_features
 from ..cli.common import check_writable, fail, positive_int, run_record, write_json
+from ..cli.program import alias_note, program_name
 from .provenance import provenance
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="tfm-bench-replay", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-replay"), description=__doc__.split("\n\n")[0],
+                                 epilog=alias_note("tfm-bench replay"))
     ap.add_argument("--from", dest="bench", required=True, help="a tfm-bench --json file with output_ids")
     ap.add_argument("--drafter", nargs="+", required=True, help="drafter GGUFs (paths or specs, as tfm-bench's)")
     ap.add_argument("--target", default=None, help="target GGUF (default: the one --from ran)")

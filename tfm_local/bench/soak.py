@@ -1,4 +1,4 @@
-"""tfm-bench-soak: one process, many generations: no crash, caches consistent, memory flat.
+"""tfm-bench soak: one process, many generations: no crash, caches consistent, memory flat.
 
 For each mode (``--modes``, as tfm-bench's: ``auto``, ``ddtree@16``, ...) and each sampling (T = 0.8
 with a seed per request, then greedy), requests over the prompt sets' prompts (one of each set in turn),
@@ -10,7 +10,7 @@ graphs, the automatic budget's first probes); memory growth is counted from the 
 the end of the warm-up, for every measured run. Prints a table and writes JSON; exits 1 when a check
 failed or memory grew by more than ``--max-growth-mb``.
 
-    tfm-bench-soak --tokens 20000 --modes auto,ddtree@16 --json soak.json
+    tfm-bench soak --tokens 20000 --modes auto,ddtree@16 --json soak.json
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import sys
 import time
 
 from ..cli.common import add_engine_args, engine_from_args, fail
+from ..cli.program import alias_note, program_name
 from .provenance import provenance
 
 
@@ -70,7 +71,8 @@ def soak(engine, prompts: list, mode, sp, tokens: int, max_tokens: int, seed0: i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-soak"), description=__doc__.split("\n\n")[0],
+                                 epilog=alias_note("tfm-bench soak"))
     add_engine_args(ap)
     ap.add_argument("--modes", default="auto,ddtree@16", help="comma-separated, as tfm-bench's (default auto,ddtree@16)")
     ap.add_argument("--tokens", type=int, default=20000, help="tokens per mode and sampling (default 20000)")
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
     if args.json:
         from ..files.atomic import write_json
 
-        write_json(args.json, dict(argv=sys.argv[1:], date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        write_json(args.json, dict(argv=list(sys.argv[1:] if argv is None else argv), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                    max_growth_mb=args.max_growth_mb, ok=ok, warmup=warm, runs=rows,
                                    provenance=provenance(files)))
     for r in rows:

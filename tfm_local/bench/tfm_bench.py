@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from ..cli.common import (add_engine_args, add_sampling_args, check_writable, engine_from_args, fail, run_record,
                           sampling_kwargs, write_json as write_common_json)
+from ..cli.program import program_name
 from .provenance import provenance
 
 SHAPES = ("chain", "ddtree", "wide", "tfm", "dartree", "lattice")
@@ -146,7 +147,8 @@ def mode_order(modes: list, i: int) -> list:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="tfm-bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench"), description=__doc__.split("\n")[0],
+                                 epilog="The other benchmarks are tfm-bench's commands: tfm-bench --help lists them.")
     add_engine_args(ap)
     ap.set_defaults(budget=None, tree=None)  # --modes sets both; given explicitly they are an error
     ap.add_argument("--sets", default="humaneval,gsm8k,mtbench", help="comma-separated prompt sets")
@@ -486,7 +488,7 @@ def draw_or_warn(table: list[dict], path: str) -> None:
     try:
         draw_plot(table, path)
     except ImportError:
-        print(f"tfm-bench: warning: matplotlib is not installed, no plot written ({path})", file=sys.stderr)
+        print(f"{program_name('tfm-bench')}: warning: matplotlib is not installed, no plot written ({path})", file=sys.stderr)
         return
     print(f"wrote {path}", file=sys.stderr)
 

@@ -1,6 +1,6 @@
 """Tree-building time with a Weaver: the TfM w-wide heap against DARTree, on the host and on the backend.
 
-    tfm-bench-trees --weaver weaver-q8_0.gguf --target ~/w/model.gguf --budgets 16,64 --json trees.json
+    tfm-bench trees --weaver weaver-q8_0.gguf --target ~/w/model.gguf --budgets 16,64 --json trees.json
 
 For each device the Weaver loads on (``--devices``, default the CPU, and the GPU when there is one), each
 budget B, on the same random drafts of the Weaver's shape (the target's embedding rows, random prefixes,
@@ -25,9 +25,12 @@ import time
 
 import numpy as np
 
+from ..cli.program import alias_note, program_name
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-trees"), description=__doc__.split("\n")[0],
+                                 epilog=alias_note("tfm-bench trees"))
     ap.add_argument("--weaver", required=True, help="Weaver GGUF (tfm-train weaver, tfm-convert --weaver)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="target GGUF or built-in name")
     ap.add_argument("--budgets", default="16,64", help="drafted nodes a tree (default 16,64)")
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
 
     def fail(msg: str) -> int:
-        print(f"tfm-bench-trees: {msg}", file=sys.stderr)
+        print(f"{program_name('tfm-bench-trees')}: {msg}", file=sys.stderr)
         return 2
 
     try:
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
         from tfm_local.bench.provenance import provenance
         from tfm_local.files.atomic import write_json
 
-        write_json(a.json, {"argv": sys.argv[1:], "weaver": a.weaver, "target": target, "rows": rows,
+        write_json(a.json, {"argv": list(sys.argv[1:] if argv is None else argv), "weaver": a.weaver, "target": target, "rows": rows,
                             "provenance": provenance({"weaver": a.weaver, "target": target})})
     return 0
 

@@ -9,8 +9,8 @@ not look at the values) and its logits are finite. The tokenizer is the tiny syn
 the real vocabulary size with unused tokens, so the LM head has the real size. Its drafter is
 ``tfm_convert.pipeline.init_random`` for the twin (random DFlash layers of the twin's width).
 
-    tfm-bench-twin --shape qwen2.5-7b --out ~/twin        # target.gguf (4.4 GB) and drafter.gguf
-    tfm-bench-pass --target ~/twin/target.gguf --drafter ~/twin/drafter.gguf --tokens 1,16,64
+    tfm-bench twin --shape qwen2.5-7b --out ~/twin        # target.gguf (4.4 GB) and drafter.gguf
+    tfm-bench pass --target ~/twin/target.gguf --drafter ~/twin/drafter.gguf --tokens 1,16,64
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 import gguf
+
+from ..cli.program import alias_note, program_name
 
 QT = gguf.GGMLQuantizationType
 
@@ -196,7 +198,8 @@ def _write(path: Path, s: Shape, vocab, rng: np.random.Generator, template: str)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="tfm-bench-twin", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-twin"), description=__doc__.split("\n\n")[0],
+                                 epilog=alias_note("tfm-bench twin"))
     ap.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}, or N_LAYER,N_EMBD,N_FF,"
                     "N_HEAD,N_HEAD_KV,N_VOCAB[,tied]")
     ap.add_argument("--out", required=True, help="folder for target.gguf and drafter.gguf")
@@ -260,9 +263,9 @@ def main(argv=None) -> None:
                                      outtype=a.drafter_type)
             print(f"wrote {drafter} ({drafter.stat().st_size / 2**30:.2f} GiB)")
     except (ValueError, OSError) as e:  # ConvertError is a ValueError; OutputPathError an OSError
-        sys.exit(f"tfm-bench-twin: {e}")
+        sys.exit(f"{program_name('tfm-bench-twin')}: {e}")
     except MemoryError:
-        sys.exit("tfm-bench-twin: out of memory (a smaller shape or fewer --drafter-layers)")
+        sys.exit(f"{program_name('tfm-bench-twin')}: out of memory (a smaller shape or fewer --drafter-layers)")
 
 
 if __name__ == "__main__":

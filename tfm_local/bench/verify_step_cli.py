@@ -1,4 +1,4 @@
-"""tfm-bench-verify: one full verify step of a random-weight Gated-DeltaNet hybrid (docs/gdn-tree.md).
+"""tfm-bench verify: one full verify step of a random-weight Gated-DeltaNet hybrid (docs/gdn-tree.md).
 
 Writes (or takes ``--model``) a qwen35 GGUF of Qwen3.6-27B's per-layer shapes (``--layers`` of them,
 ``--vocab`` tokens; ``--tiny`` for the 4-layer test shape), prefills ``--ctx`` random tokens, then for
@@ -8,7 +8,7 @@ the deepest path with upstream's ``n_rs_seq`` snapshot rollback (tfm_local/bench
 is checked once first (per-branch and chain logits equal the tree's node logits); an incorrect size is
 not timed and makes the exit status 1. Prints a table and writes JSON (``--json``).
 
-    python -m tfm_local.bench.verify_step_cli --layers 4 --vocab 248320 --json verify-h200.json
+    tfm-bench verify --layers 4 --vocab 248320 --json verify-h200.json
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from . import verify_step as vs
 from ..llama.model import gpu_available
 from ..testing.hybrid import HybridShape, file_bytes, write_qwen35
 from ..cli.common import add_timing_args, device_name, int_list, positive_int, run_record, write_json
+from ..cli.program import alias_note, program_name
 from .provenance import provenance
 
 METHOD = ("tree = Target.verify over the N nodes (logits of all nodes to the host), commit = "
@@ -37,7 +38,8 @@ METHOD = ("tree = Target.verify over the N nodes (logits of all nodes to the hos
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="tfm-bench-verify", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=program_name("tfm-bench-verify"), description=__doc__.split("\n")[0],
+                                 epilog=alias_note("tfm-bench verify"))
     ap.add_argument("--model", help="an existing qwen35 GGUF (default: write one, see --layers/--vocab)")
     ap.add_argument("--layers", type=positive_int, default=4, help="layers of the written model (multiple of 4; "
                     "default 4 = 3 DeltaNet + 1 attention)")

@@ -4,4 +4,5 @@
 - ``serve``  ``tfm-serve``: the OpenAI-compatible server (the app itself is ``tfm_local.server``)
 - ``train``  ``tfm-train``: the drafter trainer's subcommands (the work is ``tfm_local.train``)
 - ``common`` options and helpers the tools share (engine options, sampling options, JSON output)
+- ``program`` the name a tool shows in usage lines and errors (a dispatcher's subcommand spelling)
 """

@@ -12,12 +12,13 @@ from datetime import datetime, timezone
 # write_json(path, doc): the tools' JSON output, written atomically (tfm_local.files.atomic; re-exported here)
 from ..files.atomic import write_json  # noqa: F401
 from ..decode.methods import TREE_SHAPES
+from .program import program_name
 
 
 def fail(msg: str, code: int = 2) -> None:
-    """Print ``prog: error: msg`` and exit without a traceback."""
-    prog = sys.argv[0].rsplit("/", 1)[-1] or "tfm"
-    print(f"{prog}: error: {msg}", file=sys.stderr)
+    """Print ``prog: error: msg`` and exit without a traceback (``prog``: ``program.program_name()``, e.g.
+    "tfm-bench pass" when the tfm-bench command runs the tool)."""
+    print(f"{program_name()}: error: {msg}", file=sys.stderr)
     raise SystemExit(code)
 
 

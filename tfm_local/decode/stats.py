@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 #: Phases of a decode step timed by ``PhaseClock`` (seconds in ``GenerationStats.t_phases``):
 #: drafter = KV injection + drafting pass(es); tree = building the draft tree (or chain) from the
@@ -16,9 +17,21 @@ PHASES = ("drafter", "tree", "submit", "verify", "accept")
 
 class PhaseClock:
     """Splits wall time into ``PHASES``: each ``mark(phase)`` adds the time since the previous mark
-    (or the clock's creation) to ``acc[phase]`` (seconds, ``time.perf_counter``)."""
+    (or the clock's creation) to ``acc[phase]`` (seconds, ``time.perf_counter``). A decode step makes
+    one clock (``step.run_step``); ``observe`` lets a profiler see every clock's boundaries."""
+
+    _observer: Callable[[str | None], None] | None = None
+
+    @classmethod
+    def observe(cls, fn: Callable[[str | None], None] | None) -> None:
+        """Call ``fn(None)`` when any clock is made, before it starts (the time since the last mark belongs to
+        no phase: between steps), and ``fn(phase)`` after each ``mark(phase)`` charged its time; ``None``
+        stops it. For profilers (a named range per phase); unset, a mark costs one test."""
+        cls._observer = fn
 
     def __init__(self, acc: dict):
+        if PhaseClock._observer is not None:
+            PhaseClock._observer(None)
         self.acc, self.t = acc, time.perf_counter()
 
     def mark(self, phase: str) -> None:
@@ -26,6 +39,8 @@ class PhaseClock:
         now = time.perf_counter()
         self.acc[phase] += now - self.t
         self.t = now
+        if PhaseClock._observer is not None:
+            PhaseClock._observer(phase)
 
 
 @dataclass

@@ -48,7 +48,8 @@ class StepRecord:
     probe: the automatic budget's probe. capture: the target pass captured the drafter's features.
     switched: the capture was turned on or off before the pass (llama.cpp re-reserved its scheduler
     in it, ~10 ms on the 2-core CPU). t_sync: seconds of the drafter's injection of rows deferred by
-    earlier plain steps (part of phases["drafter"]).
+    earlier plain steps (part of phases["drafter"]). tree: the verified tree (``Tree.root(last)`` for a
+    plain step; None until the step has verified), e.g. for ``Engine.on_step`` observers.
     """
 
     pos: int
@@ -61,6 +62,7 @@ class StepRecord:
     capture: bool = False
     switched: bool = False
     t_sync: float = 0.0
+    tree: Tree | None = None
 
     @property
     def speculative(self) -> bool:
@@ -179,6 +181,6 @@ def run_step(target: Target, drafter: DFlashDrafter | None, method: DraftMethod,
         (drafter.inject if drafting else drafter.defer)(features, pos)
     method.accept(target, walk.path[-1])  # TfM: the next draft's prefix starts at the last committed node
     clock.mark("drafter")
-    rec.n_nodes, rec.tokens = len(tree), walk.tokens
+    rec.n_nodes, rec.tokens, rec.tree = len(tree), walk.tokens, tree
     return rec
 

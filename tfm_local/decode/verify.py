@@ -206,6 +206,21 @@ class Target:
         self.n_past = 0
         self._parents = None
 
+    def rewind(self, n: int) -> None:
+        """Keep only the first ``n`` committed tokens: the KV cache is cut back to positions ``0 .. n-1``
+        and ``n_past`` becomes ``n`` (no change when ``n >= n_past``). Raises ValueError for a negative
+        ``n``, an uncommitted verification (``commit`` first), or a target that cannot cut its cache
+        back by position (``can_truncate`` False: a recurrent hybrid) when ``n < n_past``."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"rewind takes a token count >= 0, got {n!r}")
+        if self._parents is not None:
+            raise ValueError("the last verification is not committed: call commit(path) before rewind")
+        if n < self.n_past:
+            if not self.can_truncate:
+                raise ValueError(f"a {self.model.arch} target cannot cut its cache back by position")
+            self.ctx.truncate(int(n))
+            self.n_past = int(n)
+
     def prefill(self, tokens: list[int], on_chunk=None) -> np.ndarray:
         """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits
         ``[n_vocab]`` float32 (a view). Detaches the backend's chooser first (``detach_choice``).

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from pathlib import Path
+from typing import Protocol
 
 import llama_cpp as lc
 import numpy as np
@@ -195,6 +197,19 @@ class Model:
         self.close()
 
 
+class DecodeObserver(Protocol):
+    """What ``Context.observer`` is told of each llama.cpp decode of its context (tools: timers, traces).
+
+    ``what`` is "tokens" or "embeddings", ``n`` the batch's rows; ``seconds`` the wall time of the
+    ``llama_process`` call (``time.perf_counter``; on a GPU the launch, not the work: synchronize in
+    ``before``/``after`` to time the work). ``after`` is called also when the decode failed, before the
+    LlamaError is raised."""
+
+    def before(self, ctx: "Context", what: str, n: int) -> None: ...
+
+    def after(self, ctx: "Context", what: str, n: int, seconds: float) -> None: ...
+
+
 #: the first word of llama.cpp's state of a sequence (llama-context.cpp, ``io_magic``)
 _STATE_MAGIC = 0xAF143CD8
 
@@ -244,6 +259,9 @@ class Context:
         self.mem = lc.llama_get_memory(self.ptr)
         self._batch = lc.llama_batch_ext_init(self.ptr)
         self._batch_c = native.batch_handle(self._batch)
+        #: None, or a ``DecodeObserver`` told of each decode of this context, right before and after
+        #: llama.cpp's call (unset, a decode costs one test of this attribute)
+        self.observer: DecodeObserver | None = None
 
     # -- batches -------------------------------------------------------------------------
     def decode_tokens(self, tokens, pos0: int, outputs, positions=None, seq_ids=None) -> int:
@@ -283,7 +301,14 @@ class Context:
         self._process(rows.shape[0], "embeddings")
 
     def _process(self, n: int, what: str) -> int:
-        rc = lc.llama_process(self.ptr, lc.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        obs = self.observer
+        if obs is None:
+            rc = lc.llama_process(self.ptr, lc.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        else:
+            obs.before(self, what, n)
+            t0 = time.perf_counter()
+            rc = lc.llama_process(self.ptr, lc.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+            obs.after(self, what, n, time.perf_counter() - t0)
         if rc != 0:
             raise LlamaError(f"llama.cpp decode of {n} {what} failed (code {rc})")
         return n

@@ -83,6 +83,12 @@ class BudgetPolicy:
         """The calibration r (``GainModel.ratio``)."""
         return self.gain.ratio
 
+    @property
+    def speculating(self) -> bool:
+        """Whether the policy speculates (read-only): its last decision was a speculative budget, not a probe,
+        and no "plain wins" decision came since (the plain steps that warm the drafter up for it keep it)."""
+        return self._spec
+
     def budgets(self, k_max: int):
         """The budgets a speculative step may take up to ``k_max`` (``BudgetConfig.budgets``)."""
         return self.config.budgets(k_max)
