@@ -89,8 +89,13 @@ def _operands(wtype: int, k: int, seed: int):
 def _dequant(t: int, buf, nrows: int, row_bytes: int, k: int) -> np.ndarray:
     ffi, _, base = ggml()
     out = np.zeros((nrows, k), np.float32)
+    raw = np.frombuffer(ffi.buffer(buf, nrows * row_bytes), np.uint8).reshape(nrows, row_bytes)
     if t == F32:
-        return np.frombuffer(ffi.buffer(buf, nrows * row_bytes), np.float32).reshape(nrows, k).copy()
+        return raw.view(np.float32).copy()
+    if t == Q8_K:  # blocks of float d, int8 qs[256], int16 bsums[16] (ggml has no to_float for it)
+        blocks = raw.reshape(nrows, k // 256, 292)
+        d = blocks[:, :, :4].copy().view(np.float32)
+        return (d * blocks[:, :, 4:260].view(np.int8)).reshape(nrows, k)
     to_float = base.ggml_get_type_traits(t).to_float
     for r in range(nrows):
         to_float(buf + r * row_bytes, ffi.from_buffer("float[]", out[r]), k)
