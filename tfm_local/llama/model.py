@@ -242,6 +242,11 @@ class Context:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.mem = lc.llama_get_memory(self.ptr)
+        #: the sliding window of the model's SWA layers in tokens (0: none; ``resumable_at``)
+        self.n_swa = int(lc.llama_model_n_swa(model.ptr))
+        #: calls through this object that changed the memory (decodes, truncations, clears): a user of
+        #: the cache (the engine's prompt cache) tells from it whether anyone wrote since it looked
+        self.writes = 0
         self._batch = lc.llama_batch_ext_init(self.ptr)
         self._batch_c = native.batch_handle(self._batch)
 
@@ -283,6 +288,7 @@ class Context:
         self._process(rows.shape[0], "embeddings")
 
     def _process(self, n: int, what: str) -> int:
+        self.writes += 1
         rc = lc.llama_process(self.ptr, lc.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
             raise LlamaError(f"llama.cpp decode of {n} {what} failed (code {rc})")
@@ -315,15 +321,34 @@ class Context:
     # -- KV cache ------------------------------------------------------------------------
     def truncate(self, pos: int) -> None:
         """Drop every cell at position >= ``pos`` from sequence 0."""
+        self.writes += 1
         lc.llama_memory_seq_rm(self.mem, 0, pos, -1)
 
     def clear(self) -> None:
         """Empty the KV cache."""
+        self.writes += 1
         lc.llama_memory_clear(self.mem, True)
 
     def pos_max(self) -> int:
         """Largest position held for sequence 0 (-1 when empty)."""
         return lc.llama_memory_seq_pos_max(self.mem, 0)
+
+    def pos_min(self) -> int:
+        """Smallest position held for sequence 0 (-1 when empty; a sliding-window cache's, the window's
+        oldest: llama.cpp drops the cells that fall out of it)."""
+        return lc.llama_memory_seq_pos_min(self.mem, 0)
+
+    def resumable_at(self, pos: int) -> bool:
+        """Whether sequence 0 cut back to positions ``0 .. pos - 1`` can be continued at ``pos`` as if they
+        had just been decoded: every cell a token at ``pos`` attends to is still held. Always true of a
+        full-attention cache holding those positions; a sliding-window (SWA) cache must still hold the
+        window before ``pos`` (its oldest cell at most ``pos - n_swa``, llama.cpp's server's rule). A
+        recurrent state is not judged here (it cannot be cut back at all: ``Target.recurrent``)."""
+        if pos <= 0:
+            return True
+        if self.pos_max() < pos - 1:
+            return False
+        return self.pos_min() <= max(0, pos - self.n_swa) if self.n_swa > 0 else self.pos_min() <= 0
 
     def n_cells(self) -> int | None:
         """Cells sequence 0 holds in the (first) attention cache, or None when the memory does not say.
