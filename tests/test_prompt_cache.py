@@ -171,7 +171,7 @@ def test_the_drafter_limits_what_a_capturing_prefill_keeps(pair):
         ext = ids + out + [7, 8, 9]
         assert run(e, ext, 12, GREEDY) == run(cold, ext, 12, GREEDY)
         assert e.stats.n_cached == 5 and e.state_problems() == []
-        assert e.drafter.rows_in_place == e.drafter.n_injected and e.drafter.n_injected >= len(ext)
+        assert e.drafter.rows_in_place == e.drafter.n_injected + e.drafter.pending >= len(ext)  # no hole
         e.drafter.keep(5)
         e.prompt_cache.remember(e.target, e.drafter, e.prompt_cache.cached_ids)
         e.set_budget(0)  # the drafter idle: nothing captured
@@ -220,11 +220,10 @@ def test_a_recurrent_target_keeps_its_cache_only_for_an_exact_prefix(hybrid, spe
         cold.close()
 
 
-def test_a_sliding_window_target_keeps_its_cache_while_the_window_is_held(tmp_path):
-    """gemma3 with a 4-token window: a follow-up right after the cached tokens keeps them all; a cut deep
-    in a long sequence finds the window's cells reused (llama.cpp overwrites cells once out of the window,
-    when its sliding-window cache of n_swa + n_ubatch cells, rounded up to 256, is full): cold. Outputs
-    equal a cold engine's."""
+def test_a_sliding_window_target_keeps_its_cache(tmp_path):
+    """gemma3 with a 4-token window (full-size window caches, as every context of the project keeps): a
+    follow-up right after the cached tokens keeps them all, a cut deep in a long sequence keeps the prefix
+    too. Outputs equal a cold engine's."""
     path = write_tiny_target(tmp_path / "gemma3.gguf", arch="gemma3", n_layer=3, n_swa=4)
     with Engine(path, None, n_ctx=2048) as warm, Engine(path, None, n_ctx=2048, prompt_cache=False) as cold:
         assert warm.target.ctx.n_swa == 4
@@ -233,17 +232,37 @@ def test_a_sliding_window_target_keeps_its_cache_while_the_window_is_held(tmp_pa
         ids = long + out + [9, 10]
         assert run(warm, ids, 8, GREEDY) == run(cold, ids, 8, GREEDY)
         assert warm.stats.n_cached == len(long) + len(out) - 1 and warm.state_problems() == []
-        assert warm.target.ctx.pos_min() > 100 - 4  # the window before position 100 is gone
         ids = ids[:100] + [5, 6, 7]
         assert run(warm, ids, 8, GREEDY) == run(cold, ids, 8, GREEDY)
-        assert warm.stats.n_cached == 0 and warm.state_problems() == []
+        assert warm.stats.n_cached == 100 and warm.state_problems() == []
+
+
+def test_a_window_cache_that_reused_its_cells_cannot_resume_before_them(tmp_path):
+    """A context with window-sized caches (``swa_full=False``: about one window and one batch of cells,
+    reused once out of the window): after 1000 tokens the window before position 100 is gone, so a cut
+    there is not resumable (the prompt cache then prefills cold); a cut near the end is."""
+    from tfm_local.llama.model import Context, Model
+
+    model = Model(write_tiny_target(tmp_path / "gemma3.gguf", arch="gemma3", n_layer=3, n_swa=4), n_gpu_layers=0)
+    ctx = Context(model, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=1, swa_full=False)
+    try:
+        ids = [int(t) for t in np.random.default_rng(1).integers(3, 200, 1000)]
+        for s in range(0, len(ids), 512):
+            ctx.decode_tokens(ids[s:s + 512], s, "last")
+        assert ctx.pos_max() == 999 and ctx.pos_min() > 100 - 4
+        assert not ctx.resumable_at(100) and ctx.resumable_at(990) and ctx.resumable_at(0)
+        assert not ctx.resumable_at(1001)  # past what it holds
+    finally:
+        ctx.close()
+        model.close()
 
 
 # -- the plan's rules on stand-in caches ------------------------------------------------------
 def fake_caches(n_past=20, recurrent=False, rows=20, resumable=lambda n: True, d_resumable=lambda n: True):
     target = SimpleNamespace(n_past=n_past, recurrent=recurrent,
                              ctx=SimpleNamespace(writes=1, resumable_at=resumable))
-    drafter = SimpleNamespace(rows_in_place=rows, ctx=SimpleNamespace(writes=1, resumable_at=d_resumable))
+    drafter = SimpleNamespace(rows_in_place=rows, ctx=SimpleNamespace(writes=1),
+                              can_keep=lambda n: n <= rows and d_resumable(n))
     return target, drafter
 
 
@@ -325,8 +344,9 @@ def test_bench_cache_measures_a_follow_up_and_a_repeated_request(pair, tmp_path)
     for r in doc["runs"]:
         w, c = r["warm"], r["cold"]
         assert w["n_prompt"] == c["n_prompt"] >= 200 and c["n_cached"] == 0 and c["n_prefilled"] == c["n_prompt"]
-        assert w["n_cached"] + w["n_prefilled"] == w["n_prompt"] and w["n_prefilled"] < 0.1 * w["n_prompt"]
+        # the cache holds the answered turn's prompt and answer: the follow-up keeps at least that prompt
+        assert w["n_cached"] + w["n_prefilled"] == w["n_prompt"] and w["n_cached"] >= r["answered"]["n_prompt"]
         assert r["equal"] and r["prefill_ratio"] == w["n_prefilled"] / c["n_prefilled"]
     rep = doc["repeat"]
     assert rep["cached_tokens"] == rep["prompt_tokens"] - 1 and rep["equal"]
-    assert doc["bar"]["prefill_ratio"] and doc["bar"]["outputs_equal"] and doc["bar"]["repeat_cached_ratio"]
+    assert doc["bar"]["outputs_equal"] and doc["bar"]["repeat_cached_ratio"]

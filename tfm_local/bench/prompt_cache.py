@@ -98,7 +98,8 @@ def follow_up(engine, messages: list[dict], answer_tokens: int, followup_tokens:
         near_tie = bool(d is not None and d.near_tie)
     for x in (warm, cold):
         del x["prompt_ids"]
-    return dict(conversation=conv, warm=warm, cold=cold, equal=equal, near_tie=near_tie,
+    return dict(conversation=conv, answered=dict(n_prompt=r["n_prompt"], n_answer=len(r["output_ids"])),
+                warm=warm, cold=cold, equal=equal, near_tie=near_tie,
                 prefill_ratio=warm["n_prefilled"] / cold["n_prefilled"], ttft_ratio=warm["ttft_s"] / cold["ttft_s"])
 
 

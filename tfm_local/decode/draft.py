@@ -218,6 +218,12 @@ class DFlashDrafter:
             return self._n_injected + self.pending
         return self._n_injected
 
+    def can_keep(self, pos: int) -> bool:
+        """Whether ``keep(pos)`` leaves a cache that continues at ``pos`` as one injected from position 0
+        does: ``pos <= rows_in_place``, and the cells a row at ``pos`` attends to still held (a sliding
+        window: ``Context.resumable_at``; queued rows, which ``keep`` injects first, judged where they start)."""
+        return 0 <= pos <= self.rows_in_place and self.ctx.resumable_at(min(int(pos), self._n_injected))
+
     def keep(self, pos: int) -> None:
         """Keep the rows of target positions ``0 .. pos - 1`` and drop the rest: later rows, the noise block
         and the queued rows (the queue is injected first when it starts below ``pos``, so that its rows

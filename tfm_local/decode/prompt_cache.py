@@ -18,7 +18,8 @@ Rules (each also a reason to keep less, down to a cold prefill):
   cut that state back: its cache is kept only when the cached tokens are all a strict prefix of the
   new prompt (a follow-up chat turn whose history was decoded by the last generation: the live state
   is then exactly the prefix's), else the prompt is prefilled cold;
-* a sliding-window (SWA) cache must still hold the window before the cut (``Context.resumable_at``);
+* a sliding-window (SWA) cache must still hold the window before the cut (``Context.resumable_at``:
+  always so with the full-size window caches the project's contexts keep, llama.cpp's ``swa_full``);
 * the drafter keeps the features of the kept tokens up to its first hole (``rows_in_place``: an
   automatic budget's plain stretch captured none). When this generation captures the prompt's features,
   the target keeps no more than the drafter can (the drafter's rows after the cut must be the features
@@ -110,12 +111,12 @@ class PromptCache:
         d = 0
         if drafter is not None:
             d = min(n, drafter.rows_in_place)
-            if not drafter.ctx.resumable_at(d):
+            if not drafter.can_keep(d):
                 d = 0
             if capture and d < n:
                 if target.recurrent:
                     return Reuse()
                 n = d
-        if n <= 0 or not target.ctx.resumable_at(n):
+        if n <= 0 or not (target.recurrent or target.ctx.resumable_at(n)):  # (recurrent: the exact prefix)
             return Reuse()
         return Reuse(n, min(d, n))

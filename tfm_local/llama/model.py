@@ -212,13 +212,15 @@ class Context:
             sequences (a ``seq_cp`` of a prefix then shares its cells instead of copying them).
         n_rs_seq: recurrent-state snapshots per sequence for upstream's rollback of a recurrent
             (hybrid) memory by ``truncate`` (0 = none; llama.cpp clamps it to 0 for other archs).
+        swa_full: a sliding-window model's window caches hold every position (llama.cpp's default);
+            False = about one window and one batch, whose cells are reused once out of the window.
     Raises:
         ValueError: unknown kv_type. LlamaError: llama.cpp refused the parameters.
     """
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, n_ubatch: int = 512,
                  kv_type: str = "f16", n_threads: int | None = None, ctx_other: "Context | None" = None,
-                 n_seq_max: int = 1, kv_unified: bool = False, n_rs_seq: int = 0):
+                 n_seq_max: int = 1, kv_unified: bool = False, n_rs_seq: int = 0, swa_full: bool = True):
         if kv_type not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {kv_type!r}; choose one of {sorted(KV_TYPES)}")
         self.model = model
@@ -227,6 +229,7 @@ class Context:
         p.n_seq_max = n_seq_max
         p.kv_unified = kv_unified
         p.n_rs_seq = n_rs_seq
+        p.swa_full = swa_full
         threads = n_threads or default_threads()
         p.n_threads = p.n_threads_batch = threads
         p.type_k = p.type_v = KV_TYPES[kv_type]
@@ -343,7 +346,8 @@ class Context:
         had just been decoded: every cell a token at ``pos`` attends to is still held. Always true of a
         full-attention cache holding those positions; a sliding-window (SWA) cache must still hold the
         window before ``pos`` (its oldest cell at most ``pos - n_swa``, llama.cpp's server's rule). A
-        recurrent state is not judged here (it cannot be cut back at all: ``Target.recurrent``)."""
+        recurrent state is not judged here (it cannot be cut back at all: ``Target.recurrent``). With
+        ``swa_full`` (the default) every cut of a held sequence is resumable."""
         if pos <= 0:
             return True
         if self.pos_max() < pos - 1:
