@@ -102,6 +102,42 @@ def test_warm_engine_equals_cold_engine(pair, mode, sp):
         cold.close()
 
 
+@pytest.mark.parametrize("sp", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_automatic_budget_warm_equals_cold(pair, sp):
+    """The automatic budget (its plain stretches leave holes in the drafter's rows, which limit what a
+    capturing prefill keeps): every case's output equals a cold engine's, the kept tokens are at most the
+    common prefix, the target decodes exactly the rest, and the caches stay consistent."""
+    target, drafter = pair
+    warm, cold = Engine(target, drafter, n_ctx=512), Engine(target, drafter, n_ctx=512, prompt_cache=False)
+    try:
+        first = warm.prompt_tokens(TEXT)
+        out = run(warm, first, 24, sp)
+        assert out == run(cold, first, 24, sp)
+        gen = cases(warm, first, out)
+        what, ids, keep = next(gen)
+        kept = 0
+        while True:
+            counter = DecodeCounter(warm)
+            try:
+                got = run(warm, ids, 1, sp)  # one token: the prefill alone
+            finally:
+                counter.close()
+            n = warm.stats.n_cached
+            assert n <= keep and counter.n == len(ids) - n and got == run(cold, ids, 1, sp), what
+            kept += n
+            got = run(warm, ids, 20, sp)
+            assert got == run(cold, ids, 20, sp) and warm.state_problems() == [], what
+            assert warm.stats.n_cached <= len(ids) - 1
+            try:
+                what, ids, keep = gen.send(ids + got[:-1])
+            except StopIteration:
+                break
+        assert kept > 0  # the cache kept something over the cases
+    finally:
+        warm.close()
+        cold.close()
+
+
 def test_disabled_cache_prefills_everything(pair):
     """``prompt_cache=False`` and ``engine.prompt_cache.enabled = False``: every prompt from position 0."""
     target, _ = pair

@@ -7,13 +7,14 @@ with ``--seed``): the last question is answered again (the cache then holds the 
 after a chat turn), a follow-up question is sent with the prompt cache (warm), and the same prompt
 once more with the cache forgotten (cold, a prefill from position 0). Per run: prompt tokens,
 tokens prefilled, tokens kept (``GenerationStats.n_cached``), time to first token (wall time until
-the first token is out) and the ``--followup-tokens`` output; warm and cold outputs must be equal
-(a greedy difference is checked for a numerical near-tie, ``tfm_local.lossless``). Last, the
+the first token is out) and the ``--followup-tokens`` output; warm and cold outputs must be equal,
+or a greedy divergence must start at a numerical near-tie (``tfm_local.lossless``: the kept cells
+were computed in other batch shapes than a cold prefill's), as the project's lossless checks accept. Last, the
 follow-up is sent twice through tfm-serve's app (in process, its HTTP routes), and the second
 answer's ``usage.prompt_tokens_details.cached_tokens`` is read.
 
 The bar (docs/prompt-cache.md): warm prefill <= 10% of cold's tokens, warm TTFT <= 15% of cold's,
-a repeated request >= 95% of its prompt tokens cached, outputs equal. Prints a table, writes JSON
+a repeated request >= 95% of its prompt tokens cached, outputs equal (or a greedy near-tie). Prints a table, writes JSON
 (``--json``, with the provenance record); exits 1 when a bar is missed.
 
     tfm-bench-cache --json cache.json
@@ -92,14 +93,16 @@ def follow_up(engine, messages: list[dict], answer_tokens: int, followup_tokens:
     engine.prompt_cache.forget()
     cold = timed_generation(engine, conv, followup_tokens, sp)
     equal = warm["output_ids"] == cold["output_ids"]
-    near_tie = None
+    near_tie, divergence = None, None
     if not equal and sp.greedy:
         d = classify(engine.target, cold["prompt_ids"], cold["output_ids"], warm["output_ids"])
         near_tie = bool(d is not None and d.near_tie)
+        divergence = None if d is None else dict(index=d.index, cold_token=d.ref_token, warm_token=d.out_token,
+                                                 gaps=d.gaps, near_tie=d.near_tie)
     for x in (warm, cold):
         del x["prompt_ids"]
     return dict(conversation=conv, answered=dict(n_prompt=r["n_prompt"], n_answer=len(r["output_ids"])),
-                warm=warm, cold=cold, equal=equal, near_tie=near_tie,
+                warm=warm, cold=cold, equal=equal, near_tie=near_tie, divergence=divergence,
                 prefill_ratio=warm["n_prefilled"] / cold["n_prefilled"], ttft_ratio=warm["ttft_s"] / cold["ttft_s"])
 
 
@@ -129,7 +132,7 @@ def bar(runs: list[dict], repeat: dict | None) -> dict:
     """Each bar's verdict (True = met) over the follow-up ``runs`` and the ``repeat`` request."""
     out = {"prefill_ratio": all(r["prefill_ratio"] <= MAX_PREFILL_RATIO for r in runs),
            "ttft_ratio": all(r["ttft_ratio"] <= MAX_TTFT_RATIO for r in runs),
-           "outputs_equal": all(r["equal"] for r in runs)}
+           "outputs_equal": all(r["equal"] or r["near_tie"] for r in runs)}
     if repeat is not None:
         out["repeat_cached_ratio"] = repeat["cached_ratio"] >= MIN_CACHED_RATIO
     return out
