@@ -52,6 +52,15 @@ class DecodeCounter:
         self.ctx.decode_tokens = self.real
 
 
+def prefill_only(engine, ids, sp) -> tuple[list[int], int]:
+    """A one-token generation (the prefill alone): its token and the tokens the target decoded for it."""
+    counter = DecodeCounter(engine)
+    try:
+        return run(engine, ids, 1, sp), counter.n
+    finally:
+        counter.close()
+
+
 def cases(engine, first: list[int], out: list[int]):
     """(what, prompt ids, tokens the cache keeps) for the prompt cases, each against the cache the previous
     case's generation left (``last``: the tokens it holds), sent back by the caller."""
@@ -83,12 +92,8 @@ def test_warm_engine_equals_cold_engine(pair, mode, sp):
         gen = cases(warm, first, out)
         what, ids, keep = next(gen)
         while True:
-            counter = DecodeCounter(warm)
-            try:
-                got = run(warm, ids, 1, sp)  # one token: the prefill alone
-            finally:
-                counter.close()
-            assert (what, warm.stats.n_cached, counter.n) == (what, keep, len(ids) - keep)
+            got, decoded = prefill_only(warm, ids, sp)
+            assert (what, warm.stats.n_cached, decoded) == (what, keep, len(ids) - keep)
             assert got == run(cold, ids, 1, sp) and cold.stats.n_cached == 0
             got = run(warm, ids, 20, sp)  # the whole generation: a repeat of the 1-token run's prompt
             assert (what, got) == (what, run(cold, ids, 20, sp))
@@ -117,13 +122,9 @@ def test_automatic_budget_warm_equals_cold(pair, sp):
         what, ids, keep = next(gen)
         kept = 0
         while True:
-            counter = DecodeCounter(warm)
-            try:
-                got = run(warm, ids, 1, sp)  # one token: the prefill alone
-            finally:
-                counter.close()
+            got, decoded = prefill_only(warm, ids, sp)
             n = warm.stats.n_cached
-            assert n <= keep and counter.n == len(ids) - n and got == run(cold, ids, 1, sp), what
+            assert n <= keep and decoded == len(ids) - n and got == run(cold, ids, 1, sp), what
             kept += n
             got = run(warm, ids, 20, sp)
             assert got == run(cold, ids, 20, sp) and warm.state_problems() == [], what
@@ -144,17 +145,13 @@ def test_disabled_cache_prefills_everything(pair):
     with Engine(target, None, n_ctx=256, prompt_cache=False) as e:
         ids = e.prompt_tokens(TEXT)
         run(e, ids, 8, GREEDY)
-        counter = DecodeCounter(e)
-        run(e, ids, 1, GREEDY)
-        counter.close()
-        assert e.stats.n_cached == 0 and counter.n == len(ids)
+        assert prefill_only(e, ids, GREEDY)[1] == len(ids) and e.stats.n_cached == 0
     with Engine(target, None, n_ctx=256) as e:
         run(e, ids, 8, GREEDY)
-        run(e, ids, 1, GREEDY)
-        assert e.stats.n_cached == len(ids) - 1
+        assert prefill_only(e, ids, GREEDY)[1] == 1 and e.stats.n_cached == len(ids) - 1
         e.prompt_cache.enabled = False
-        run(e, ids, 1, GREEDY)
-        assert e.stats.n_cached == 0 and e.stats.n_prefilled == len(ids)
+        assert prefill_only(e, ids, GREEDY)[1] == len(ids) and e.stats.n_cached == 0
+        assert e.stats.n_prefilled == len(ids)
 
 
 def test_writes_outside_a_generation_void_the_record(pair):
