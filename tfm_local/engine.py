@@ -259,7 +259,8 @@ class Engine:
         """Generate text after ``prompt`` (a string or OpenAI-style chat messages).
 
         Returns the text, or with ``stream=True`` an iterator of text pieces.
-        ``self.stats`` holds the statistics of the last generation.
+        ``self.stats`` holds the statistics of the last generation (``n_cached``: the prompt tokens the
+        prompt cache kept, ``n_prefilled`` the rest).
         Raises ContextOverflowError (before any work) when the prompt does not fit, ValueError
         for an empty prompt or bad arguments.
         """
