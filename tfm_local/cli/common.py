@@ -14,6 +14,12 @@ from ..files.atomic import write_json  # noqa: F401
 from ..decode.methods import TREE_SHAPES
 
 
+#: What speculative decoding guarantees, for the tools' help texts.
+LOSSLESS = ("Speculative decoding is lossless: at temperature 0 the answer is the target's own greedy decoding "
+            "(up to numerical near-ties, where a batched pass may pick the other of two nearly equal tokens), "
+            "and above 0 it is drawn from the target's own distribution; a good drafter only makes it faster.")
+
+
 def fail(msg: str, code: int = 2) -> None:
     """Print ``prog: error: msg`` and exit without a traceback."""
     prog = sys.argv[0].rsplit("/", 1)[-1] or "tfm"
@@ -103,8 +109,8 @@ def budget_arg(text: str) -> int | str:
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
     """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads."""
     ap.add_argument("--target", default=None,
-                    help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in name "
-                         "(default qwen2.5-coder-1.5b-instruct)")
+                    help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in name, fetched with a "
+                         "progress bar when missing (tfm-models list shows them; default qwen2.5-coder-1.5b-instruct)")
     ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
                     "'auto' = the default drafter of the target")
     ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
@@ -168,11 +174,22 @@ def engine_from_args(args: argparse.Namespace):
 
     try:
         budget = args.budget
-        return Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
-                      n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
-                      drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
-                      n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
-                      greedy_argmax=getattr(args, "greedy_argmax", "auto"),
-                      draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None))
+        engine = Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
+                        n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
+                        drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
+                        n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
+                        greedy_argmax=getattr(args, "greedy_argmax", "auto"),
+                        draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))
+    warn_past_training(args.n_ctx, engine.target.model)
+    return engine
+
+
+def warn_past_training(n_ctx: int, model) -> None:
+    """One warning line on stderr when ``n_ctx`` (tokens) is above the context the target was trained for
+    (its GGUF's ``context_length``, ``model.n_ctx_train``; nothing when the file does not say)."""
+    n_train = model.n_ctx_train
+    if 0 < n_train < n_ctx:
+        print(f"warning: --n-ctx {n_ctx} is above the {n_train} tokens {model.path.name} was trained for "
+              f"(its context_length): answers may degrade past {n_train} tokens", file=sys.stderr)

@@ -37,6 +37,23 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"  # tfm_local/assets: the
 SHIPPED = {
     "d5cde8a7e219b5f2": "qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf",
 }
+#: shipped drafter → the built-in target (``models.BUILTIN_MODELS``) it was trained for
+SHIPPED_FOR = {
+    "qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf": "qwen2.5-coder-1.5b-instruct",
+}
+
+
+def drafter_name(asset: str) -> str:
+    """The name of a shipped drafter (``tfm-models``): its file name without ``.gguf`` and ``.novocab``."""
+    return asset.removesuffix(".gguf").removesuffix(".novocab")
+
+
+def prepared_copies(name: str) -> list[Path]:
+    """The files in the cache built from the drafter called ``name`` (``drafter_name``, or "random-L…" for
+    the random-init ones): its copies with a vocabulary or a draft vocabulary attached, which are built
+    again when needed."""
+    folder = cache_dir("drafters", create=False)
+    return sorted(p for p in folder.glob(f"{name}-*.gguf")) if folder.is_dir() else []
 
 
 def _file_key(path: Path) -> str:
