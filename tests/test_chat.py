@@ -1,5 +1,6 @@
 """tfm-chat sessions as a user runs them: a real process with piped stdin on tiny synthetic GGUFs."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -141,21 +142,52 @@ def test_ctrl_c_at_the_prompt_exits_cleanly(pair):
     assert b"Traceback" not in err
 
 
+def typed(keys: str) -> list[str]:
+    """``keys`` as a person types them, one key at a time: an escape sequence (a cursor key, a whole
+    bracketed paste) is one key."""
+    return re.findall(r"\x1b\[200~.*?\x1b\[201~|\x1b\[[0-9;]*[A-Za-z~]|.", keys, re.S)
+
+
 @pytest.mark.parametrize("keys,lines", [
-    ("hello\rabc\x03\x03never\r", ["hello"]),   # Ctrl-C clears a typed line; on an empty line it ends
-    ("x\x03y\r\x04z\r", ["y"]),                  # Ctrl-D ends
-    ("a\x1b[Db\r\x04", ["ba"]),                   # cursor keys edit the line
+    (typed("hello\rabc\x03\x03never\r"), ["hello"]),   # Ctrl-C clears a typed line; on an empty line it ends
+    (typed("x\x03y\r\x04z\r"), ["y"]),                  # Ctrl-D ends
+    (typed("a\x1b[Db\r\x04"), ["ba"]),                   # cursor keys edit the line
+    (typed("\x1b[200~one\ntwo\x1b[201~\r\x04"), ["one\ntwo"]),  # a bracketed paste is one message
+    (["one\rtwo\r", "\x04"], ["one\ntwo"]),              # so are keys arriving in one burst (no brackets)
+    (typed("a\x1b\rb\r\x04"), ["a\nb"]),                 # Alt-Enter starts a new line
+    (typed('"""\rx\ry"""\rz\r\x04'), ["x\ny", "z"]),      # a fenced message spans lines
 ])
 def test_terminal_prompt_keys(keys, lines):
+    """Keys sent one read at a time, each once the prompt runs (as typed), to the chat's prompt session."""
+    import threading
+    import time
+
     from prompt_toolkit.application import create_app_session
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
     from tfm_local.cli.chat import prompt_session, tty_lines
 
+    done = threading.Event()
+
+    def typist(session, inp) -> None:
+        for key in keys:
+            while not (session.app.is_running or done.is_set()):
+                time.sleep(0.01)
+            time.sleep(0.05)
+            if done.is_set():
+                return
+            inp.send_text(key)
+
     with create_pipe_input() as inp, create_app_session(input=inp, output=DummyOutput()):
-        inp.send_text(keys)
-        assert list(tty_lines(prompt_session())) == lines
+        session = prompt_session()
+        thread = threading.Thread(target=typist, args=(session, inp), daemon=True)
+        thread.start()
+        try:
+            assert list(tty_lines(session)) == lines
+        finally:
+            done.set()
+            thread.join(timeout=5)
 
 
 @pytest.mark.parametrize("stop_at", [0, 5])
@@ -313,7 +345,7 @@ def test_a_multi_line_message_is_one_turn_at_a_terminal(pair, keys):
     assert want.returncode == 0 and want.stdout.strip(), want.stderr
     term = TerminalChat(pair, "--max-tokens", "12")
     try:
-        term.read_until(lambda t: b"> " in t.screen)  # loaded, prompting
+        term.read_until(lambda t: "tfm-chat —".encode() in t.err and b">" in t.screen)  # loaded, prompting
         for k in keys:
             term.type(k)
             time.sleep(0.2)

@@ -351,12 +351,13 @@ def test_installed_chunks_are_used_without_fetching(fake_builtin, monkeypatch, t
 
 
 def test_pip_progress_lines_drive_one_bar(capsys):
-    """pip's raw progress ("Progress N of M" per file, "Saved" after each) becomes one byte bar over all files;
+    """pip's raw progress ("Downloading NAME" then "Progress N of M" per file) becomes one byte bar over all files;
     its failure is a FetchError with its error lines."""
     from tfm_local.files.fetch import FetchError, _run_pip
 
-    script = ("print('Collecting a'); print('Progress 0 of 100'); print('Progress 100 of 100'); print('Saved a'); "
-              "print('Progress 0 of 60'); print('Progress 60 of 60'); print('Saved b')")
+    script = ("print('Collecting a'); print('  Downloading a.whl (100 kB)'); print('Progress 0 of 100'); "
+              "print('Progress 100 of 100'); print('Collecting b'); print('  Downloading b.whl (60 kB)'); "
+              "print('Progress 0 of 60'); print('Progress 60 of 60'); print('Saved a'); print('Saved b')")
     _run_pip([sys.executable, "-c", script], 2, "downloading x", True)
     assert "160/160" in capsys.readouterr().err
     fail = "import sys; print('WARNING: noise', file=sys.stderr); print('ERROR: no such package', file=sys.stderr); " \

@@ -314,8 +314,8 @@ def input_pending(event) -> bool:
     if event.key_processor.input_queue:
         return True
     try:
-        return bool(select.select([sys.stdin], [], [], 0)[0])
-    except (OSError, ValueError):  # stdin closed or not selectable
+        return bool(select.select([event.app.input.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, NotImplementedError):  # closed, or an input without a file descriptor
         return False
 
 

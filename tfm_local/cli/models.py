@@ -50,6 +50,11 @@ def shipped() -> dict[str, tuple[str, Path]]:
     return {drafter_name(asset): (target, ASSETS / asset) for asset, target in SHIPPED_FOR.items()}
 
 
+def shipped_named(name: str) -> str | None:
+    """The shipped drafter called ``name`` (case-insensitive), or None."""
+    return next((d for d in shipped() if d.lower() == name.lower()), None)
+
+
 def cmd_list() -> None:
     from ..files.drafters import RANDOM_LAYERS, prepared_copies
     from ..files.models import DEFAULT_TARGET, builtin_path, builtin_state, list_builtin_models
@@ -92,8 +97,8 @@ def cmd_pull(name: str, quiet: bool) -> None:
     from ..files.models import BUILTIN_MODELS, ModelError, resolve_model
 
     drafters = shipped()
-    key = name.lower()
-    target = drafters[key][0] if key in drafters else key
+    dname = shipped_named(name)
+    target = drafters[dname][0] if dname is not None else name.lower()
     if target not in BUILTIN_MODELS:
         fail(f"unknown name {name!r}: built-in models are {', '.join(BUILTIN_MODELS)}; shipped drafters "
              f"{', '.join(drafters)}")
@@ -118,7 +123,8 @@ def cmd_rm(name: str) -> None:
     from ..files.drafters import RANDOM_LAYERS, prepared_copies
     from ..files.models import BUILTIN_MODELS, builtin_path, installed_chunk_dists
 
-    key, drafters = name.lower(), shipped()
+    drafters = shipped()
+    key = shipped_named(name) or name.lower()
     if key in BUILTIN_MODELS:
         model = BUILTIN_MODELS[key]
         path = builtin_path(model)

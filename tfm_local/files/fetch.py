@@ -90,8 +90,9 @@ def fetch_wheels(chunks, dest: Path, desc: str, progress: bool = True) -> list[P
 
 
 def _run_pip(cmd: list[str], n_files: int, desc: str, progress: bool) -> None:
-    """Run pip, turning its progress lines into one byte bar over ``n_files`` downloads (the total is
-    estimated from the files seen so far: the chunks of a model are of one size but the last);
+    """Run pip, turning its progress lines into one byte bar over ``n_files`` downloads (each file's
+    "Downloading NAME (SIZE)" line, then "Progress N of M" lines; the total is estimated from the file
+    being downloaded: the chunks of a model are of one size but the last);
     FetchError with pip's error lines when it fails."""
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as err, \
             tqdm(total=0, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
@@ -101,18 +102,17 @@ def _run_pip(cmd: list[str], n_files: int, desc: str, progress: bool) -> None:
                                     encoding="utf-8", errors="replace")
         except OSError as e:
             raise FetchError(f"cannot run pip ({cmd[0]} -m pip): {e}") from e
-        done_files, done_bytes, size = 0, 0, 0
+        started, done_bytes, got, size = 0, 0, 0, 0  # files begun; bytes of the files before this one
         try:
             for line in proc.stdout:
                 line = line.strip()
+                if line.startswith("Downloading "):  # a new file (pip resolves, and downloads, one by one)
+                    started, done_bytes, got, size = started + 1, done_bytes + got, 0, 0
                 m = _PROGRESS.match(line)
                 if m:
                     got, size = int(m.group(1)), int(m.group(2))
-                    bar.total = max(done_bytes + size * (n_files - done_files), done_bytes + got)
+                    bar.total = done_bytes + size * (n_files - max(started, 1) + 1)
                     bar.update(done_bytes + got - bar.n)
-                elif line.startswith("Saved "):
-                    done_files, done_bytes = done_files + 1, max(bar.n, done_bytes + size)
-                    size = 0
             proc.wait()
         finally:
             if proc.poll() is None:  # interrupted: stop pip too
