@@ -110,8 +110,25 @@ def random_drafter_for(target: Path) -> Path:
         print(f"tfm-local: no trained drafter for {target.name}; creating a random-init DFlash drafter "
               f"(low acceptance) at {out}", file=sys.stderr)
         out.parent.mkdir(parents=True, exist_ok=True)
-        init_random(target, out, layers=RANDOM_LAYERS, seed=0)
+        init_random(target, out, layers=RANDOM_LAYERS, seed=0, mask_token=_random_mask_token(target))
     return out
+
+
+def _random_mask_token(target: Path) -> int | None:
+    """The MASK id of a random drafter for ``target``: None (the converter's pick: the first UNUSED token)
+    when the vocabulary has an UNUSED token; else its last CONTROL token that is none of the tokenizer's
+    named special tokens (BOS, EOS, padding...), as SmolLM2's vocabulary offers; else its last id. A random
+    drafter's MASK only has to be a valid id: its drafts are rarely accepted whatever it is."""
+    import gguf
+    import numpy as np
+    from tfm_convert.target_info import read_target_info
+
+    info = read_target_info(target)
+    if info.unused_token_ids():
+        return None
+    control = [int(i) for i in np.flatnonzero(info.token_types == int(gguf.TokenType.CONTROL))
+               if int(i) not in info.special_ids]
+    return control[-1] if control else info.n_vocab - 1
 
 
 def with_vocab(drafter: Path, target: Path) -> Path:
