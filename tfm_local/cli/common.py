@@ -20,6 +20,10 @@ LOSSLESS = ("Speculative decoding is lossless: at temperature 0 the answer is th
             "and above 0 it is drawn from the target's own distribution; a good drafter only makes it faster.")
 
 
+#: The tools' context length when --n-ctx is not given, in tokens.
+DEFAULT_N_CTX = 4096
+
+
 def fail(msg: str, code: int = 2) -> None:
     """Print ``prog: error: msg`` and exit without a traceback."""
     prog = sys.argv[0].rsplit("/", 1)[-1] or "tfm"
@@ -130,7 +134,9 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--weaver", default=None, metavar="WEAVER.gguf",
                     help="the Weaver of --tree tfm / dartree (tfm-train weaver / tfm-convert --weaver), trained "
                          "for this target")
-    ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
+    ap.add_argument("--n-ctx", type=int, default=None,
+                    help=f"context length in tokens (default {DEFAULT_N_CTX}; a warning when it is above the "
+                         "context the target was trained for)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
     ap.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
@@ -175,14 +181,15 @@ def engine_from_args(args: argparse.Namespace):
     try:
         budget = args.budget
         engine = Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
-                        n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
+                        n_ctx=DEFAULT_N_CTX if args.n_ctx is None else args.n_ctx, budget=budget, kv_type=args.kv_type,
                         drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
                         n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
                         greedy_argmax=getattr(args, "greedy_argmax", "auto"),
                         draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))
-    warn_past_training(args.n_ctx, engine.target.model)
+    if args.n_ctx is not None:  # the user's choice (the default is below every built-in's training context)
+        warn_past_training(args.n_ctx, engine.target.model)
     return engine
 
 
