@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -60,12 +61,13 @@ class Browser:
                                      stdout=subprocess.DEVNULL, stderr=self.log)
         self._id = 0
         self.events: list[dict] = []
-        self.ws = None
+        self._stack = ExitStack()  # the websocket, entered as a context manager (every websockets version)
         try:
             port = self._devtools_port()
             pages = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
             page = next(p for p in pages if p["type"] == "page")
-            self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=timeout)
+            self.ws = self._stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=None,
+                                                        open_timeout=timeout))
             for domain in ("Page", "Runtime", "Network"):
                 self.call(f"{domain}.enable")
         except BaseException:
@@ -169,8 +171,7 @@ class Browser:
 
     def close(self) -> None:
         """End the browser and remove its profile."""
-        if self.ws is not None:
-            self.ws.close()
+        self._stack.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -161,6 +161,7 @@ async function send() {
   const bubble = addMessage("assistant", "");
   const content = bubble.querySelector(".content");
   let answer = "";
+  let finished = false;  // the stream ended as the API ends it ([DONE])
   showStats({});
   const controller = new AbortController();
   chat.controller = controller;
@@ -171,7 +172,10 @@ async function send() {
     });
     if (!response.ok) throw new Error(await errorText(response));
     for await (const data of sseData(response)) {
-      if (data === "[DONE]") break;
+      if (data === "[DONE]") {
+        finished = true;
+        break;
+      }
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message || "the server reported an error");
       const choice = chunk.choices && chunk.choices[0];
@@ -190,8 +194,9 @@ async function send() {
     }
   } finally {
     chat.controller = null;
-    if (answer) {
+    if (answer || finished) {
       renderText(content, answer);
+      if (!answer) bubble.classList.add("empty");  // the model ended its answer at once
       conversation.push({ role: "assistant", content: answer });
     } else {
       // nothing came back (an error, or stopped at once): the question is taken back into the input
