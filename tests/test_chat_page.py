@@ -22,7 +22,7 @@ from tfm_local.server.page import CSP, FILES
 from tfm_local.server.report import live_stats, plain_step_s
 
 X_TFM_KEYS = {"tau", "tokens_per_s", "plain_tokens_per_s", "speedup", "completion_tokens"}
-STATS_LINE = re.compile(r"^τ (\d+\.\d\d) (\d+\.\d) tok/s (\d+\.\d\d)× plain \(plain (\d+\.\d) tok/s\)$")
+STATS_LINE = re.compile(r"^τ (\d+\.\d\d) (\d+\.\d) tok/s (\d+\.\d\d)× plain$")
 
 
 def static_text(name: str) -> str:
@@ -55,13 +55,15 @@ def test_live_stats_from_generation_stats():
     st = GenerationStats(n_prompt=5, n_generated=1, t_prefill=0.5, t_total=0.5)
     assert live_stats(st, 0.01, False) == {"tau": None, "tokens_per_s": None, "plain_tokens_per_s": 100.0,
                                            "speedup": None, "completion_tokens": 1}  # no verify pass yet
-    st.n_steps, st.n_step_tokens, st.n_generated, st.t_total = 4, 12, 13, 0.7  # 12 tokens in 0.2 s
+    # 4 steps emit 12 tokens in 0.2 s of decode time, 0.15 s of it in the steps' phases
+    st.n_steps, st.n_step_tokens, st.n_generated, st.t_total = 4, 12, 13, 0.7
+    st.t_phases.update(drafter=0.05, verify=0.1)
     x = live_stats(st, 0.01, False)
-    assert x["tau"] == 3.0 and x["tokens_per_s"] == pytest.approx(60.0)
-    assert x["plain_tokens_per_s"] == 100.0 and x["speedup"] == pytest.approx(0.6) and x["completion_tokens"] == 13
+    assert x["tau"] == 3.0 and x["tokens_per_s"] == pytest.approx(60.0) and x["completion_tokens"] == 13
+    assert x["plain_tokens_per_s"] == 100.0 and x["speedup"] == pytest.approx(0.8)  # 80 step tok/s over 100
     assert live_stats(st, None, False)["speedup"] is None and live_stats(st, None, False)["plain_tokens_per_s"] is None
     plain = live_stats(st, None, True)  # a server that never drafts: plain decoding's rate is its own
-    assert plain["speedup"] == 1.0 and plain["plain_tokens_per_s"] == plain["tokens_per_s"] == pytest.approx(60.0)
+    assert plain["speedup"] == 1.0 and plain["plain_tokens_per_s"] == pytest.approx(80.0)
 
 
 def test_plain_step_seconds_prefers_the_whole_plain_step():
@@ -155,8 +157,9 @@ def test_x_tfm_on_the_stream(server):
     finish = next(c for c in live if c["choices"] and c["choices"][0]["finish_reason"])
     x = finish["x_tfm"]
     assert x["completion_tokens"] == full["usage"]["completion_tokens"]
-    assert x["tau"] >= 1.0 and x["tokens_per_s"] > 0 and x["plain_tokens_per_s"] > 0
-    assert x["speedup"] == pytest.approx(x["tokens_per_s"] / x["plain_tokens_per_s"], rel=0.01)
+    assert x["tau"] >= 1.0 and x["tokens_per_s"] > 0 and x["plain_tokens_per_s"] > 0 and x["speedup"] > 0
+    # the speed-up is in step time, which the delivered rate's decode time holds and exceeds
+    assert x["tokens_per_s"] <= x["speedup"] * x["plain_tokens_per_s"] * 1.01
     tfm = live[-1]["usage"]["tfm"]  # the usage chunk: the same statistics
     assert (tfm["tau"], tfm["speedup"], tfm["plain_tokens_per_s"]) == (x["tau"], x["speedup"],
                                                                        x["plain_tokens_per_s"])
@@ -241,8 +244,8 @@ def test_chat_in_a_browser(page, server):
     line = " ".join(b.js("[...document.querySelectorAll('#stats span')].map(e => e.textContent)"))
     m = STATS_LINE.match(line)
     assert m, line
-    tau, tps, speedup, plain_tps = map(float, m.groups())
-    assert tau >= 1.0 and tps > 0 and plain_tps > 0 and speedup == pytest.approx(tps / plain_tps, rel=0.05, abs=0.01)
+    tau, tps, speedup = map(float, m.groups())
+    assert tau >= 1.0 and tps > 0 and speedup > 0
     assert "plain decoding" in b.js("document.getElementById('stat-speedup').title")
 
     second = "and then?"

@@ -77,8 +77,7 @@ const fmt = (x, digits) => (x == null ? "–" : Number(x).toFixed(digits));
 function showStats(x) {
   $("stat-tau").textContent = `τ ${fmt(x.tau, 2)}`;
   $("stat-tps").textContent = `${fmt(x.tokens_per_s, 1)} tok/s`;
-  const plain = x.plain_tokens_per_s == null ? "" : ` (plain ${fmt(x.plain_tokens_per_s, 1)} tok/s)`;
-  $("stat-speedup").textContent = `${fmt(x.speedup, 2)}× plain${plain}`;
+  $("stat-speedup").textContent = `${fmt(x.speedup, 2)}× plain`;
 }
 
 function setState(state) {
