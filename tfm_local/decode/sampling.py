@@ -145,13 +145,37 @@ def kept_set(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
         keep &= x >= theta_k
     if sp.top_p < 1.0:
         ids = np.flatnonzero(keep)
-        order = ids[np.lexsort((ids, -x[ids]))]          # descending x, ties by ascending id
-        cum = np.cumsum(e[order].astype(np.float64))
-        j = min(int(np.searchsorted(cum, sp.top_p * cum[-1])), len(order) - 1)
+        order, cum, target = _nucleus_prefix(x[ids], e[ids].astype(np.float64), ids, sp.top_p)
+        j = min(int(np.searchsorted(cum, target)), len(order) - 1)
         keep &= x >= x[order[j]]
     if sp.min_p > 0.0:
         keep &= e >= np.float32(sp.min_p)
     return keep
+
+
+def _nucleus_prefix(x: np.ndarray, w: np.ndarray, ids: np.ndarray,
+                    top_p: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The tokens ``ids`` sorted by descending logit ``x`` (ties by ascending id) as far as top-p needs,
+    the cumulative weights ``w`` (float64) along them, and the mass the nucleus must reach (``top_p`` ×
+    the total). The prefix holds the candidates with the 256, 2048, ... largest logits (boundary ties
+    included) until their mass reaches it, else all tokens (the total is then the sorted cumulative
+    sum's last value): a prefix of the full sort, since every token left out has a smaller logit.
+    Sorting a 152k-token vocabulary whole took 12 ms a row on the 2-core CPU."""
+    target = top_p * float(np.sum(w))
+    m = min(ids.size, 256)
+    while True:
+        if m < ids.size:
+            cut = np.partition(x, -m)[-m]
+            sel = np.flatnonzero(x >= cut)
+        else:
+            sel = np.arange(ids.size)
+        sel = sel[np.lexsort((ids[sel], -x[sel]))]
+        cum = np.cumsum(w[sel])
+        if sel.size == ids.size:
+            return ids[sel], cum, top_p * cum[-1]
+        if cum[-1] >= target:
+            return ids[sel], cum, target
+        m = min(ids.size, m * 8)
 
 
 def target_probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
