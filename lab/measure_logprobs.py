@@ -1,14 +1,14 @@
 """What log-probabilities and penalties cost on this machine (README's Server section, docs/cpu.md).
 
-    PYTHONPATH=. python lab/measure_logprobs.py [--set humaneval] [-n 4] [--tokens 64]
+    PYTHONPATH=. python lab/measure_logprobs.py [--set humaneval] [-n 4] [--tokens 64] [--budget 7]
 
 Two parts, on the default target (its vocabulary: 151,936 logits a row):
 - host: the per-token host work of ``decode.host_choice.HostChooser`` on the target's real logit rows
   (greedy continuations of the prompts): ``np.argmax`` (the CPU's greedy choice without them), the
   host draw ``sample_row`` (T 0.7, top-p 0.95), ``Penalties.apply`` after 64 generated tokens, and
   ``token_logprob`` with 0, 5 and 20 alternatives; median ms a row.
-- end to end: tokens/s of whole generations, plain (budget 0) and with the default drafter and the
-  automatic budget, greedy and sampled (T 0.7, top-p 0.95, seed 1), without and with ``logprobs=20``,
+- end to end: tokens/s of whole generations, plain (budget 0) and with the default drafter's chain at
+  a fixed budget (every step drafts; the automatic budget may choose plain steps), greedy and sampled (T 0.7, top-p 0.95, seed 1), without and with ``logprobs=20``,
   and greedy with penalties (frequency 0.5, presence 0.5); the settings of one prompt run back to back
   in alternating order. Prints the median tokens/s and τ of each, and whether the tokens with
   ``logprobs`` equal those without (they must).
@@ -94,13 +94,14 @@ def main() -> None:
     ap.add_argument("--set", default="humaneval")
     ap.add_argument("-n", type=int, default=4, help="prompts")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--budget", type=int, default=7, help="drafted tokens a speculative step verifies")
     a = ap.parse_args()
     prompts = list(load_prompt_set(a.set, a.n))
     with Engine(drafter=None, budget=0) as plain:
         host_part(plain, prompts, a.tokens)
         end_to_end("plain", plain, prompts, a.tokens)
-    with Engine() as spec:  # the default drafter, the automatic budget
-        end_to_end("auto budget", spec, prompts, a.tokens)
+    with Engine(budget=a.budget) as spec:  # the default drafter's chain at a fixed budget
+        end_to_end(f"chain, budget {a.budget}", spec, prompts, a.tokens)
 
 
 if __name__ == "__main__":
