@@ -82,8 +82,10 @@ def test_recurrent_target_is_refused(tmp_path):
 
 
 def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_path):
-    """--drafter times every drafter variant; DraftBench leaves the drafter's cache at the prompt, so a
-    draft after the benchmark equals a draft on a fresh drafter given the same prompt features."""
+    """--drafter times every drafter variant and a step per --draft-depths depth (those beyond the block
+    left out), each also in plain tokens (its median over the 1-token pass's); DraftBench leaves the
+    drafter's cache at the prompt, so a draft after the benchmark equals a draft on a fresh drafter given
+    the same prompt features."""
     from tfm_convert.pipeline import init_random
     from tfm_local.bench import drafts as db
     from tfm_local.decode.draft import DFlashDrafter
@@ -92,9 +94,11 @@ def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_pa
     out = tmp_path / "r.json"
     bench_pass.main(["--target", str(target_path), "--drafter", str(dpath), "--ctx", str(N_PROMPT),
                      "--tokens", "1", "--variants", "logits", "--iters", "2", "--warmup", "1", "--threads", "2",
-                     "--json", str(out)])
+                     "--draft-depths", "1,3,999", "--json", str(out)])
     doc = json.loads(out.read_text())
-    assert [c["variant"] for c in doc["drafter_cases"]] == list(db.DRAFT_VARIANTS)
+    assert [c["variant"] for c in doc["drafter_cases"]] == list(db.DRAFT_VARIANTS) + ["step@1", "step@3"]
+    plain = doc["cases"][0]["median_ms"]
+    assert all(c["plain_tokens"] == pytest.approx(c["median_ms"] / plain) for c in doc["drafter_cases"])
     assert problems(doc["provenance"], ["target", "drafter"]) == []
     assert all(0 < c["min_ms"] <= c["median_ms"] for c in doc["drafter_cases"])
 
@@ -104,7 +108,11 @@ def test_drafter_variants_end_to_end_and_cache_left_as_found(target_path, tmp_pa
     try:
         t.prefill(prompt, lambda s, n: [d.inject(t.features(slice(0, n), n), s) for d in (fresh, used)])
         bench = db.DraftBench(used, len(used.layers) * t.model.n_embd, np.random.default_rng(0))
-        db.run_drafter(bench, list(db.DRAFT_VARIANTS), 1, 1)
+        db.run_drafter(bench, list(db.DRAFT_VARIANTS) + ["step@2"], 1, 1)
+        for bad, why in (("step@0", "positive integer"), ("step@x", "positive integer"), ("nope", "unknown"),
+                         (f"step@{used.block_size}", "outside 1..")):
+            with pytest.raises(ValueError, match=why):
+                bench.time(bad, 0, 1)
         assert used.n_injected == fresh.n_injected == N_PROMPT
         want = fresh.top_k(prompt[-1], N_PROMPT, 6, 4)
         got = used.top_k(prompt[-1], N_PROMPT, 6, 4)

@@ -10,7 +10,9 @@ position first). The variants (``DRAFT_VARIANTS``):
 - ``topk``: ``DFlashDrafter.top_k`` of a full block (15 drafts, k = 8 as the engine's DDTree): the
   block pass with the backend top-k sampler, ids and log-probs to the host;
 - ``logits``: ``DFlashDrafter.marginals`` of the same block: all 15 rows' logits to the host;
-- ``step``: ``inject1`` then ``topk`` one position later, as in an engine step (two decode calls).
+- ``step``: ``inject1`` then ``topk`` one position later, as in an engine step (two decode calls);
+- ``step@d`` (``depth_variant``): the same step drafting ``d`` block positions (a block of ``d + 1`` rows: the
+  last token and ``d`` masks), the drafter's cost of a depth-``d`` draft.
 
 Times are wall-clock ms from ``time.perf_counter``, every pass ending with its results on the host.
 """
@@ -24,6 +26,21 @@ from ..decode.draft import DFlashDrafter
 from .gdn import time_stats
 
 DRAFT_VARIANTS = ("inject1", "inject16", "topk", "logits", "step")
+
+
+def depth_variant(depth: int) -> str:
+    """The variant name of a depth-``depth`` drafter step (``step@d``)."""
+    return f"step@{depth}"
+
+
+def parse_depth(variant: str) -> int | None:
+    """``d`` of a ``step@d`` variant; None for any other name. Raises ValueError for a malformed depth."""
+    if not variant.startswith("step@"):
+        return None
+    d = variant[len("step@"):]
+    if not d.isdigit() or int(d) < 1:
+        raise ValueError(f"drafter variant {variant!r}: the depth must be a positive integer")
+    return int(d)
 #: block drafts and candidates per row of the topk / logits / step variants; feature rows of inject16
 N_DRAFT, TOP_K, N_ROWS = 15, 8, 16
 #: the method in one paragraph, for a result file
@@ -62,15 +79,24 @@ class DraftBench:
                 "logits": lambda: d.marginals(last, p, N_DRAFT),
                 "step": lambda: (d.inject(self.rows[:1], p), d.top_k(last, p + 1, N_DRAFT, TOP_K))}[variant]
 
+    def _depth_pass(self, depth: int):
+        d, p, last = self.drafter, self.pos, self.last
+        if not 0 < depth < d.block_size:
+            raise ValueError(f"drafter step depth {depth} is outside 1..{d.block_size - 1} (block {d.block_size})")
+        return lambda: (d.inject(self.rows[:1], p), d.top_k(last, p + 1, depth, TOP_K))
+
     def time(self, variant: str, n_warmup: int, n_iter: int) -> dict:
         """Median and min ms (``time_stats``) of ``n_iter`` passes of ``variant`` after ``n_warmup``
         untimed ones (they absorb a graph re-reserve when the sampler is attached or detached).
 
-        Raises ValueError for an unknown variant; llama.cpp's errors from the decodes.
+        Raises ValueError for an unknown variant or a depth outside 1..block_size-1; llama.cpp's errors
+        from the decodes.
         """
-        if variant not in DRAFT_VARIANTS:
-            raise ValueError(f"unknown drafter variant {variant!r}; choose from {', '.join(DRAFT_VARIANTS)}")
-        run, ms = self._pass(variant), []
+        depth = parse_depth(variant)
+        if depth is None and variant not in DRAFT_VARIANTS:
+            raise ValueError(f"unknown drafter variant {variant!r}; choose from {', '.join(DRAFT_VARIANTS)} "
+                             "or step@DEPTH")
+        run, ms = (self._pass(variant) if depth is None else self._depth_pass(depth)), []
         for i in range(n_warmup + n_iter):
             t0 = time.perf_counter()
             run()

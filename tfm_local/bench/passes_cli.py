@@ -40,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is available")
     ap.add_argument("--drafter", default=None, help="also time this DFlash drafter's passes (inject, block "
                     "top-k, block logits, a step; tfm_local/draft_bench.py): a path or 'auto' (the default drafter)")
+    ap.add_argument("--draft-depths", type=int_list, default=[1, 2, 3, 4, 8],
+                    help="with --drafter: also time a drafter step drafting each of these depths (step@d: "
+                    "inject one row, then a block of d + 1 rows with top-k), reported in plain tokens (the "
+                    "1-token pass of the first variant); default 1,2,3,4,8")
     ap.add_argument("--draft-vocab", default="auto", metavar="auto|full|IDS.npy",
                     help="the drafter's draft vocabulary, as tfm-chat's --draft-vocab (default auto)")
     a = ap.parse_args(argv)
@@ -118,7 +122,8 @@ def time_drafter(a, drafter_path, target, rng) -> list[dict]:
         target.reset()
         target.prefill(prompt, lambda s, n: d.inject(target.features(slice(0, n), n), s))
         bench = db.DraftBench(d, len(d.layers) * target.model.n_embd, rng)
-        return db.run_drafter(bench, list(db.DRAFT_VARIANTS), a.warmup, a.iters)
+        depths = [db.depth_variant(x) for x in a.draft_depths if 0 < x < d.block_size]
+        return db.run_drafter(bench, list(db.DRAFT_VARIANTS) + depths, a.warmup, a.iters)
     finally:
         d.close()
 
@@ -152,8 +157,15 @@ def main(argv=None) -> None:
     print(f"device {device}, target {path.name} ({path.stat().st_size / 1e9:.2f} GB), ctx {a.ctx}, "
           f"threads {threads}\nmethod: {pb.METHOD}")
     print_table(cases, skipped)
+    plain = next((c["median_ms"] for c in cases if c["tokens"] == 1), None)
     for c in draft_cases:
-        print(f"drafter {c['variant']:<9} median {c['median_ms']:8.3f} ms  min {c['min_ms']:8.3f} ms")
+        if plain:
+            c["plain_tokens"] = c["median_ms"] / plain
+        rel = f"  {c['plain_tokens']:5.2f} plain tokens" if plain else ""
+        print(f"drafter {c['variant']:<9} median {c['median_ms']:8.3f} ms  min {c['min_ms']:8.3f} ms{rel}")
+    if plain and draft_cases:
+        print(f"plain tokens = the drafter pass's median / the 1-token {cases[0]['variant']} pass's median "
+              f"({plain:.3f} ms)")
     if a.json:
         doc = {**run_record(argv), "device": device, "device_name": device_name(device),
                "target": {"path": str(path), "bytes": path.stat().st_size, "arch": m.arch, "n_layer": m.n_layer,
