@@ -123,3 +123,24 @@ def test_greedy_argmax_modes_equal_plain(engines, argmax):
         spec.set_draft("ddtree", 16)
         assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 24))
         assert (spec.target.argmax_rows > 0) == (argmax == "backend")
+
+
+def test_prompt_cache_follow_up_equals_cold(engines):
+    """A follow-up chat turn on warm engines (plain and speculative) keeps at least the earlier turn's
+    prompt from the cache, prefills the rest, and answers as the same engine does cold (cache forgotten),
+    up to a numerical near-tie."""
+    spec, plain = engines
+    msgs = [{"role": "user", "content": "Write a Python function that tells whether a number is prime."}]
+    for e in (plain, spec):
+        ids = e.prompt_tokens(msgs)
+        out = greedy(e, ids, 64)
+        answer = e.tok.decode([t for t in out if not e.tok.is_eog(t)])
+        follow = msgs + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Make it faster."}]
+        fids = e.prompt_tokens(follow)
+        warm = greedy(e, fids, 48)
+        assert len(ids) <= e.stats.n_cached < len(fids) and e.stats.n_prefilled == len(fids) - e.stats.n_cached
+        assert e.state_problems() == []
+        e.prompt_cache.forget()
+        cold = greedy(e, fids, 48)
+        assert e.stats.n_cached == 0
+        assert_equal_or_near_tie(plain, fids, cold, warm)

@@ -169,6 +169,55 @@ def test_completion_matches_engine_and_usage(client, engine):
     assert tfm["budget"] == "auto" and tfm["tau"] >= 1.0 and tfm["tokens_per_s"] > 0
 
 
+def test_repeated_requests_report_cached_tokens(client, engine):
+    """The prompt cache across requests (one slot): a repeated request keeps all its prompt tokens but the
+    last, a follow-up turn at least the earlier prompt, another conversation only the tokens it shares
+    with the cached one; ``usage.prompt_tokens_details.cached_tokens`` says so, streamed or not, chat and
+    completions, and the answers are the engine's."""
+    msgs = chat_msgs(CHAT_PROMPTS[3])
+    ids = engine.prompt_tokens(msgs)
+    want = engine.generate(msgs, max_tokens=12, temperature=0)
+    for _ in range(2):
+        r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == want
+    assert r.usage.prompt_tokens == len(ids) and r.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+    follow = msgs + [{"role": "assistant", "content": want}, {"role": "user", "content": "and then?"}]
+    r = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=8, temperature=0)
+    assert r.choices[0].message.content == engine.generate(follow, max_tokens=8, temperature=0)
+    assert len(ids) - 1 <= r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens
+    other = [{"role": "system", "content": "answer at length"}, {"role": "user", "content": "why"}]
+    shared = next(i for i, (a, b) in enumerate(zip(engine.prompt_tokens(follow), engine.prompt_tokens(other)))
+                  if a != b)
+    assert shared < len(ids) - 1  # another conversation: it parts from the cached one within the prompt
+    r = client.chat.completions.create(model=MODEL, messages=other, max_tokens=8, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens == shared
+    n = len(engine.prompt_tokens("hello world"))
+    for stream in (False, True):
+        for _ in range(2):
+            r = client.completions.create(model=MODEL, prompt="hello world", max_tokens=6, temperature=0,
+                                          stream=stream, **({"stream_options": {"include_usage": True}}
+                                                            if stream else {}))
+            usage = list(r)[-1].usage if stream else r.usage
+        assert usage.prompt_tokens == n and usage.prompt_tokens_details.cached_tokens == n - 1
+
+
+def test_no_prompt_cache_flag(models, tmp_path):
+    """tfm-serve --no-prompt-cache: a repeated request is prefilled whole (0 cached tokens)."""
+    s = Server(models, tmp_path / "nocache.log", "--no-prompt-cache")
+    try:
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 4, "temperature": 0}
+        for _ in range(2):
+            r = post(s, "/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
 def test_completion_default_max_tokens_is_16(client):
     r = client.completions.create(model=MODEL, prompt="hello", temperature=0)
     assert r.usage.completion_tokens == 16
@@ -354,8 +403,11 @@ def test_max_tokens_beyond_the_context_is_capped(server, engine, path, field):
     choice = r.json()["choices"][0]
     assert (choice["message"]["content"] if chat else choice["text"]) == want
     assert choice["finish_reason"] == "length"
-    assert r.json()["usage"] | {"tfm": None} == {"prompt_tokens": n_prompt, "completion_tokens": room,
-                                                 "total_tokens": N_CTX, "tfm": None}
+    usage = r.json()["usage"]
+    assert usage | {"tfm": None, "prompt_tokens_details": None} == {
+        "prompt_tokens": n_prompt, "completion_tokens": room, "total_tokens": N_CTX, "tfm": None,
+        "prompt_tokens_details": None}
+    assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] < n_prompt
 
 
 @pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])

@@ -1,9 +1,9 @@
 """The generate loop: prefill, then one decode step after another until done (gpt-fast style).
 
 ``Engine`` holds the target, the optional drafter and the draft settings; ``_token_stream`` prefills
-the prompt and calls ``decode.step.run_step`` (draft → tree → verify → accept → commit) until
-``max_tokens`` or the end of the context, feeding each step's record to the statistics and the
-automatic budget. With no drafter or ``budget=0`` the same loop is plain decoding. The stages live in
+the prompt (what the prompt cache does not hold of it: ``decode.prompt_cache``) and calls
+``decode.step.run_step`` (draft → tree → verify → accept → commit) until ``max_tokens`` or the end of
+the context, feeding each step's record to the statistics and the automatic budget. With no drafter or ``budget=0`` the same loop is plain decoding. The stages live in
 ``tfm_local/decode/`` (one module each); the method and its sources in docs/design.md §1.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .decode.draft import DFlashDrafter
 from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
 from .decode.methods import DraftMethod, check_method_options, make_method
+from .decode.prompt_cache import PromptCache
 from .decode.step import run_step, set_capture
 from .decode.verify import Target
 from .decode.warmup import warm_up
@@ -91,6 +92,10 @@ class Engine:
         warm_up: run every pass shape the budget can take once at load, and again for new shapes at
             ``set_budget`` (``decode.warmup``: a GPU's first pass of a shape loads its kernels, 10-50 ms
             on the H200, which would otherwise fall inside a generation); None (default) = on a GPU.
+        prompt_cache: keep the target's and the drafter's caches after a generation and prefill only what a
+            new prompt does not share with the cached tokens (``decode.prompt_cache``: its rules, and a
+            recurrent target's exact-prefix case); False = every prompt from position 0. Switch it later
+            with ``engine.prompt_cache.enabled``; ``stats.n_cached`` counts the tokens kept.
     Raises:
         ValueError: a bad option (checked before any model is loaded, but ``tree_top_k`` above the
             target's vocabulary, checked once it is).
@@ -103,7 +108,7 @@ class Engine:
                  drafter_kv_type: str = "f16", n_threads: int | None = None, n_gpu_layers: int = -1,
                  tree: str = "chain", tree_top_k: int = 8, tree_width: int = 4, greedy_argmax: str = "auto",
                  draft_vocab: str | os.PathLike = "auto", warm_up: bool | None = None,
-                 weaver: str | os.PathLike | None = None):
+                 weaver: str | os.PathLike | None = None, prompt_cache: bool = True):
         from .files.drafters import check_draft_vocab_mode, draft_vocab_on, resolve_drafter
         from .llama.model import gpu_available
         from .files.models import DEFAULT_TARGET, resolve_model
@@ -152,6 +157,9 @@ class Engine:
         self._warm = on_gpu if warm_up is None else bool(warm_up)
         self._warmed: set[int] = set()       # verification sizes warmed up (``_warm_up``)
         self._drafter_warmed = False
+        #: what the caches hold after the last generation, and what the next may keep (decode.prompt_cache)
+        self.prompt_cache = PromptCache(prompt_cache)
+        self._generation = 0  # serial of the latest generation started (only it may leave the record)
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
@@ -202,6 +210,7 @@ class Engine:
         if not new and dft is None:
             return
         window = self.budget_config.window if dft is not None else 0
+        self.prompt_cache.forget()  # warm_up empties both caches
         warm_up(self.target, dft, new, self._pass_costs, self.backend_argmax,
                 inject_rows=window + dft.block_size if dft is not None else 0,
                 sampler_rows=n_max if new else 0, top_k=self.tree_top_k)
@@ -258,7 +267,8 @@ class Engine:
         """Generate text after ``prompt`` (a string or OpenAI-style chat messages).
 
         Returns the text, or with ``stream=True`` an iterator of text pieces.
-        ``self.stats`` holds the statistics of the last generation.
+        ``self.stats`` holds the statistics of the last generation (``n_cached``: the prompt tokens the
+        prompt cache kept, ``n_prefilled`` the rest).
         Raises ContextOverflowError (before any work) when the prompt does not fit, ValueError
         for an empty prompt or bad arguments.
         """
@@ -310,17 +320,25 @@ class Engine:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if len(prompt_ids) == 0:
             raise ValueError("the prompt is empty (no tokens)")
+        self._generation += 1
+        serial = self._generation
         st = self.stats = GenerationStats(n_prompt=len(prompt_ids), finish_reason="length")
         t0 = time.perf_counter()
         choose = TokenChooser(sp)
         tgt, dft = self.target, self.active_drafter
         auto = self.auto if dft is not None else None
+        captured = False
         if dft is not None:
-            dft.reset()
             # the prompt's features only when this generation may draft (BudgetPolicy.start): the capture
             # is off through a plain stretch, and a probe comes with its own warm-up
             captured = auto.start(max_tokens, self.budget) if auto is not None else True
             set_capture(tgt, dft, captured)
+        # what the caches keep of the last generation's tokens (decode.prompt_cache); the drafter, idle or
+        # not, keeps only features of tokens the target's cache holds
+        reuse = self.prompt_cache.plan(tgt, self.drafter, prompt_ids, captured)
+        if self.drafter is not None:
+            self.drafter.keep(reuse.drafter)
+        st.n_cached = reuse.target
         on_chunk, captured_s = None, [0.0]
         if dft is not None and tgt.feature_layers:
             def on_chunk(s: int, n: int) -> None:
@@ -340,21 +358,26 @@ class Engine:
             backend = self.backend_argmax and tgt.attach_argmax(self._max_rows())
         else:
             backend = tgt.attach_sampler(sp, choose.seed, self._max_rows())
-        last = (tgt.prefill_choice(prompt_ids, on_chunk) if backend
-                else choose(tgt.prefill(prompt_ids, on_chunk), len(prompt_ids)))
-        st.t_prefill = time.perf_counter() - t0
-        if on_chunk is not None and auto is not None:
-            auto.observe_prompt(captured_s[0])
-        st.n_generated = 1
-        st.t_total = time.perf_counter() - t0
-        yield last
-        shape = self.method  # the drafting method; TfM's target state is known after the first verification
-        shape.begin()
-        # a plain stretch of the automatic budget (BudgetPolicy.stretch) runs plain decoding's own steps
+        seq = list(prompt_ids)  # the prompt and the tokens emitted: the target's cache holds seq[:n_past]
+        clean = False           # the caches are consistent where the generation stopped (at a yield)
         left, done, t_verify, t_step = 0, 0, 0.0, 0.0
         try:
+            last = (tgt.prefill_choice(prompt_ids, on_chunk, reuse.target) if backend
+                    else choose(tgt.prefill(prompt_ids, on_chunk, reuse.target), len(prompt_ids)))
+            st.t_prefill = time.perf_counter() - t0
+            if on_chunk is not None and auto is not None:
+                auto.observe_prompt(captured_s[0])
+            st.n_generated = 1
+            st.t_total = time.perf_counter() - t0
+            seq.append(last)
+            clean = True
+            yield last
+            shape = self.method  # the drafting method; TfM's target state is known after the first verification
+            shape.begin()
+            # a plain stretch of the automatic budget (BudgetPolicy.stretch) runs plain decoding's own steps
             while st.n_generated < max_tokens and tgt.n_past + 1 <= tgt.n_ctx:
                 remaining = max_tokens - st.n_generated
+                clean = False
                 stretch = left > 0
                 if stretch:
                     rec = run_step(tgt, None, shape, 0, None, last, remaining, choose, backend)
@@ -366,6 +389,8 @@ class Engine:
                     rec = run_step(tgt, dft, shape, self.budget, auto, last, remaining, choose, backend)
                     if auto is not None:
                         left = auto.observe(rec)
+                seq.extend(rec.tokens)
+                clean = True
                 st.add_step(rec)
                 if self.on_step is not None:
                     self.on_step(rec, stretch)
@@ -377,6 +402,11 @@ class Engine:
         finally:  # the generation ended (or its consumer stopped) inside a stretch
             if done:
                 auto.observe_stretch(done, t_verify, t_step)
+            if serial == self._generation and self.target is not None:
+                if clean and tgt.n_past <= len(seq):  # a failure midway leaves the caches unknown
+                    self.prompt_cache.remember(tgt, self.drafter, seq[:tgt.n_past])
+                else:
+                    self.prompt_cache.forget()
 
     def state_problems(self) -> list[str]:
         """What is inconsistent between the engine's caches after a generation ([] when nothing): the

@@ -16,6 +16,8 @@
                       another's τ (a real pair's)
 - ``soak``            ``tfm-bench soak``: many generations in one process, caches checked after each, memory
                       growth after warm-up
+- ``prompt_cache``    ``tfm-bench cache``: a follow-up chat turn warm (the prompt cache) against cold, TTFT and
+                      tokens prefilled, outputs compared; a repeated request's cached tokens through tfm-serve
 - ``load``            ``tfm-bench load``: tfm-serve under concurrent streaming clients, dropped streams and bad
                       bodies: 5xx, failed requests, greedy answers against the idle server's, TTFT, memory
 - ``trees``           ``tfm-bench trees``: ms of a tree with the Weaver, the TfM heap against DARTree on the host

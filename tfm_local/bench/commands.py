@@ -24,7 +24,7 @@ PROG = "tfm-bench"
 
 class Command(NamedTuple):
     module: str   # under tfm_local.bench; its main(argv) runs the command
-    alias: str    # the old console script of the same main
+    alias: str | None  # the old console script of the same main (None: a command that never had one)
     summary: str  # one line for ``tfm-bench --help``
 
 
@@ -44,11 +44,13 @@ COMMANDS: dict[str, Command] = {
     "project": Command("project", "tfm-bench-project",
                        "projected speed-ups from one run's step costs and another's τ"),
     "soak": Command("soak", "tfm-bench-soak", "many generations in one process: caches checked, memory growth"),
+    "cache": Command("prompt_cache", None, "a follow-up chat turn with the prompt cache against cold: TTFT, "
+                                                  "tokens prefilled"),
     "load": Command("load", "tfm-bench-load", "tfm-serve under concurrent streaming clients, dropped streams and bad "
                                               "bodies"),
 }
 #: old console-script name -> command
-ALIASES = {c.alias: name for name, c in COMMANDS.items() if c.alias != PROG}
+ALIASES = {c.alias: name for name, c in COMMANDS.items() if c.alias not in (None, PROG)}
 
 
 def overview() -> str:

@@ -102,7 +102,7 @@ def budget_arg(text: str) -> int | str:
 
 
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
-    """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads."""
+    """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads, --no-prompt-cache."""
     ap.add_argument("--target", default=None,
                     help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in name "
                          "(default qwen2.5-coder-1.5b-instruct)")
@@ -134,6 +134,10 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
                     help="greedy decoding: each verified row's argmax computed on the target's backend, or "
                          "its logits copied to the host and argmax there (default auto: the one measured faster, "
                          "backend on a GPU, host on the CPU; $TFM_GREEDY_ARGMAX overrides auto)")
+    ap.add_argument("--no-prompt-cache", action="store_true",
+                    help="prefill every prompt from its first token (default: the caches of the last answer are "
+                         "kept, and a prompt that starts with the same tokens, a follow-up turn or a repeated "
+                         "request, prefills only the rest)")
 
 
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:
@@ -174,6 +178,7 @@ def engine_from_args(args: argparse.Namespace):
                       drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
                       n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
                       greedy_argmax=getattr(args, "greedy_argmax", "auto"),
-                      draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None))
+                      draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None),
+                      prompt_cache=not getattr(args, "no_prompt_cache", False))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))

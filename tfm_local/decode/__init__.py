@@ -14,6 +14,8 @@ the engine calls it once per step):
 - ``step``     one step, draft → tree → verify → accept → commit, and the ``StepRecord`` it returns
 - ``budget``   the automatic budget: how many drafted tokens to verify per step, from measured costs
 - ``weaver``   the Weaver on the backend (TfM's and DARTree's scorer of the candidates along a path)
+- ``prompt_cache`` what a generation keeps of the caches the last one left (the longest common token
+               prefix, within the rules of recurrent and sliding-window caches and the drafter's rows)
 - ``warmup``   every pass shape the budget may choose run once at load (GPU), so that no timed step is cold
 - ``sampling`` the target's processed distribution and the draw (temperature, top-k, top-p, min-p)
 - ``stats``    per-generation counters and the time split (``GenerationStats``)

@@ -206,6 +206,42 @@ class DFlashDrafter:
         self._pending = []
         self._ensure_topk(TOP_K)
 
+    @property
+    def rows_in_place(self) -> int:
+        """How many leading target positions ``0 .. n - 1`` the drafter holds the features of at their own
+        positions: up to its first hole (module doc), else every injected row and the queued rows that
+        continue them (``defer``). What a prompt cache can keep of the drafter (``keep``)."""
+        if self._holes:
+            pos, shift = self._holes[0]
+            return pos - shift
+        if self._pending and self._pending_pos == self._n_injected:
+            return self._n_injected + self.pending
+        return self._n_injected
+
+    def can_keep(self, pos: int) -> bool:
+        """Whether ``keep(pos)`` leaves a cache that continues at ``pos`` as one injected from position 0
+        does: ``pos <= rows_in_place``, and the cells a row at ``pos`` attends to still held (a sliding
+        window: ``Context.resumable_at``; queued rows, which ``keep`` injects first, judged where they start)."""
+        return 0 <= pos <= self.rows_in_place and self.ctx.resumable_at(min(int(pos), self._n_injected))
+
+    def keep(self, pos: int) -> None:
+        """Keep the rows of target positions ``0 .. pos - 1`` and drop the rest: later rows, the noise block
+        and the queued rows (the queue is injected first when it starts below ``pos``, so that its rows
+        count); ``pos`` 0 empties the cache as ``reset`` does. Attaches the backend top-k sampler as
+        ``reset`` does. For the prompt cache: the rows kept are the features of the target's tokens at
+        those positions. Raises ValueError when ``pos`` exceeds ``rows_in_place`` (after that injection)."""
+        pos = int(pos)
+        if self._pending and self._pending_pos < pos:
+            self.flush()
+        if not 0 <= pos <= self.rows_in_place:
+            raise ValueError(f"the drafter holds {self.rows_in_place} rows in place, cannot keep {pos}")
+        if pos == 0:
+            self.reset()
+            return
+        self._pending = []
+        self._cut(pos)
+        self._ensure_topk(TOP_K)
+
     def inject(self, features: np.ndarray, pos0: int) -> None:
         """Write features ``[n, n_layers * n_embd]`` of committed tokens at ``pos0 ..`` into the KV cache
         (after any deferred rows, see :meth:`defer`). ``pos0`` past ``n_injected`` leaves a hole (see the

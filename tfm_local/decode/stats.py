@@ -54,6 +54,7 @@ class GenerationStats:
     """
 
     n_prompt: int = 0
+    n_cached: int = 0          # prompt tokens the prompt cache kept (not prefilled: decode.prompt_cache)
     n_generated: int = 0
     n_steps: int = 0           # target verification passes after the prefill
     n_step_tokens: int = 0     # tokens emitted by those passes
@@ -84,6 +85,11 @@ class GenerationStats:
             self.t_phases[phase] += seconds
 
     @property
+    def n_prefilled(self) -> int:
+        """Prompt tokens the prefill decoded (those the prompt cache did not hold)."""
+        return self.n_prompt - self.n_cached
+
+    @property
     def tau(self) -> float:
         return self.n_step_tokens / self.n_steps if self.n_steps else 0.0
 
@@ -112,6 +118,6 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s, t_decode=self.t_decode, t_other=self.t_other,
+        d.update(n_prefilled=self.n_prefilled, tau=self.tau, tokens_per_s=self.tokens_per_s, t_decode=self.t_decode, t_other=self.t_other,
                  t_other_phases=self.t_other_phases)
         return d

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+import llama_cpp as lc
 import numpy as np
 
 from ..files.dflash import FEATURE_ARCHS
@@ -156,6 +157,9 @@ class Target:
         #: False for a recurrent (hybrid) target: a plainly decoded batch can then only be committed whole,
         #: and its chains are verified in tree mode so that a prefix of them can be committed.
         self.can_truncate = self.model.arch not in RECURRENT_ARCHS
+        #: True for a target with a recurrent state (a recurrent or hybrid model: Mamba, Gated DeltaNet,
+        #: LFM2's convolutions): its cache cannot be cut back to an earlier position (``prefill``'s ``keep``)
+        self.recurrent = bool(lc.llama_model_is_recurrent(self.model.ptr) or lc.llama_model_is_hybrid(self.model.ptr))
         # the backend's choice per output row: the top-1 sampler (``attach_argmax``) or the token sampler
         # (``attach_sampler``); at most one is attached (they share sequence 0)
         self._argmax = native.TopKAttachment(self.ctx)
@@ -221,38 +225,58 @@ class Target:
             self.ctx.truncate(int(n))
             self.n_past = int(n)
 
-    def prefill(self, tokens: list[int], on_chunk=None) -> np.ndarray:
-        """Decode ``tokens`` from position 0 in chunks of n_batch; returns the last row's logits
+    def prefill(self, tokens: list[int], on_chunk=None, keep: int = 0) -> np.ndarray:
+        """Decode ``tokens`` from position ``keep`` in chunks of n_batch; returns the last row's logits
         ``[n_vocab]`` float32 (a view). Detaches the backend's chooser first (``detach_choice``).
 
-        ``on_chunk(pos0, n)`` is called after each chunk, while its features are readable.
+        ``keep``: how many leading tokens the cache already holds (the prompt cache: they must be
+        ``tokens[:keep]``, which the caller knows; the cache is cut back to them first). 0 = from an empty
+        cache. ``on_chunk(pos0, n)`` is called after each chunk, while its features are readable.
+        Raises ValueError for a ``keep`` outside ``0 .. min(n_past, len(tokens) - 1)``, or below
+        ``n_past`` on a target whose cache cannot be cut back (``recurrent``).
         """
         self.detach_choice()
-        self._prefill(tokens, on_chunk)
+        self._prefill(tokens, on_chunk, keep)
         return self.ctx.logits(1)[0]
 
-    def prefill_choice(self, tokens: list[int], on_chunk=None) -> int:
+    def prefill_choice(self, tokens: list[int], on_chunk=None, keep: int = 0) -> int:
         """``prefill`` with the backend's chooser (``attach_argmax`` or ``attach_sampler``): returns the
         token chosen after the last prompt token (its argmax, or the draw for position ``len(tokens)``).
         Raises RuntimeError when no backend chooser is attached."""
         self._check_choice(1)
         if self._draw.params is not None:
             native.sample_set_positions(self.ctx.ptr, np.array([len(tokens)]))
-        n = self._prefill(tokens, on_chunk)
+        n = self._prefill(tokens, on_chunk, keep)
         if self._draw.params is not None:
             return int(native.sample_get(self.ctx.ptr, 0, 1)[0][0])  # the chunk's one output row
         return int(self._read_choice(n - 1, 1)[0])
 
-    def _prefill(self, tokens: list[int], on_chunk) -> int:
-        """Decode the chunks (last row of each an output); returns the last chunk's length."""
+    def _keep(self, keep: int, n_tokens: int) -> None:
+        """Cut the cache back to its first ``keep`` tokens (empty it for 0); see ``prefill``."""
+        if keep == 0:
+            self.reset()
+            return
+        if not 0 < keep < n_tokens or keep > self.n_past:
+            raise ValueError(f"keep must be in 0..{min(self.n_past, n_tokens - 1)} (the cache holds {self.n_past} "
+                             f"tokens, the prompt {n_tokens}), got {keep}")
+        if keep < self.n_past:
+            if self.recurrent:
+                raise ValueError(f"a {self.model.arch} target cannot cut its cache back from {self.n_past} "
+                                 f"to {keep} tokens (a recurrent state)")
+            self.ctx.truncate(keep)
+        self.n_past = keep
+        self._parents = None
+
+    def _prefill(self, tokens: list[int], on_chunk, keep: int = 0) -> int:
+        """Decode the chunks from ``keep`` on (last row of each an output); returns the last chunk's length."""
         if len(tokens) == 0:
             raise ValueError("nothing to prefill (no tokens)")
         self.check_fits(len(tokens))
-        self.reset()
+        self._keep(int(keep), len(tokens))
         if self._hidden:  # while kept, every token of a batch is an output: not for the prompt
             self.ctx.set_embeddings(False)
         try:
-            for s in range(0, len(tokens), self.n_batch):
+            for s in range(keep, len(tokens), self.n_batch):
                 chunk = tokens[s:s + self.n_batch]
                 self.ctx.decode_tokens(chunk, s, "last")
                 if on_chunk is not None:

@@ -227,13 +227,15 @@ class Context:
             sequences (a ``seq_cp`` of a prefix then shares its cells instead of copying them).
         n_rs_seq: recurrent-state snapshots per sequence for upstream's rollback of a recurrent
             (hybrid) memory by ``truncate`` (0 = none; llama.cpp clamps it to 0 for other archs).
+        swa_full: a sliding-window model's window caches hold every position (llama.cpp's default);
+            False = about one window and one batch, whose cells are reused once out of the window.
     Raises:
         ValueError: unknown kv_type. LlamaError: llama.cpp refused the parameters.
     """
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, n_ubatch: int = 512,
                  kv_type: str = "f16", n_threads: int | None = None, ctx_other: "Context | None" = None,
-                 n_seq_max: int = 1, kv_unified: bool = False, n_rs_seq: int = 0):
+                 n_seq_max: int = 1, kv_unified: bool = False, n_rs_seq: int = 0, swa_full: bool = True):
         if kv_type not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {kv_type!r}; choose one of {sorted(KV_TYPES)}")
         self.model = model
@@ -242,6 +244,7 @@ class Context:
         p.n_seq_max = n_seq_max
         p.kv_unified = kv_unified
         p.n_rs_seq = n_rs_seq
+        p.swa_full = swa_full
         threads = n_threads or default_threads()
         p.n_threads = p.n_threads_batch = threads
         p.type_k = p.type_v = KV_TYPES[kv_type]
@@ -257,6 +260,11 @@ class Context:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.mem = lc.llama_get_memory(self.ptr)
+        #: the sliding window of the model's SWA layers in tokens (0: none; ``resumable_at``)
+        self.n_swa = int(lc.llama_model_n_swa(model.ptr))
+        #: calls through this object that changed the memory (decodes, truncations, clears): a user of
+        #: the cache (the engine's prompt cache) tells from it whether anyone wrote since it looked
+        self.writes = 0
         self._batch = lc.llama_batch_ext_init(self.ptr)
         self._batch_c = native.batch_handle(self._batch)
         #: None, or a ``DecodeObserver`` told of each decode of this context, right before and after
@@ -301,6 +309,7 @@ class Context:
         self._process(rows.shape[0], "embeddings")
 
     def _process(self, n: int, what: str) -> int:
+        self.writes += 1
         obs = self.observer
         if obs is None:
             rc = lc.llama_process(self.ptr, lc.LLAMA_PROCESS_TYPE_DECODE, self._batch)
@@ -340,15 +349,35 @@ class Context:
     # -- KV cache ------------------------------------------------------------------------
     def truncate(self, pos: int) -> None:
         """Drop every cell at position >= ``pos`` from sequence 0."""
+        self.writes += 1
         lc.llama_memory_seq_rm(self.mem, 0, pos, -1)
 
     def clear(self) -> None:
         """Empty the KV cache."""
+        self.writes += 1
         lc.llama_memory_clear(self.mem, True)
 
     def pos_max(self) -> int:
         """Largest position held for sequence 0 (-1 when empty)."""
         return lc.llama_memory_seq_pos_max(self.mem, 0)
+
+    def pos_min(self) -> int:
+        """Smallest position held for sequence 0 (-1 when empty; a sliding-window cache's, the window's
+        oldest: llama.cpp drops the cells that fall out of it)."""
+        return lc.llama_memory_seq_pos_min(self.mem, 0)
+
+    def resumable_at(self, pos: int) -> bool:
+        """Whether sequence 0 cut back to positions ``0 .. pos - 1`` can be continued at ``pos`` as if they
+        had just been decoded: every cell a token at ``pos`` attends to is still held. Always true of a
+        full-attention cache holding those positions; a sliding-window (SWA) cache must still hold the
+        window before ``pos`` (its oldest cell at most ``pos - n_swa``, llama.cpp's server's rule). A
+        recurrent state is not judged here (it cannot be cut back at all: ``Target.recurrent``). With
+        ``swa_full`` (the default) every cut of a held sequence is resumable."""
+        if pos <= 0:
+            return True
+        if self.pos_max() < pos - 1:
+            return False
+        return self.pos_min() <= max(0, pos - self.n_swa) if self.n_swa > 0 else self.pos_min() <= 0
 
     def n_cells(self) -> int | None:
         """Cells sequence 0 holds in the (first) attention cache, or None when the memory does not say.

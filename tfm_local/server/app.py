@@ -7,10 +7,12 @@ Every request is checked before it queues for the Engine (model id, fields,
 prompt length against the context), so bad requests are 4xx JSON errors
 even when streaming; generations then run one at a time (stream.py).
 
-``usage`` carries OpenAI's three counts and ``tfm``: the speculative
-decoding statistics of the generation (τ, tokens/s, time split, the draft
-budget mode). ``completion_tokens`` counts every token the target emitted,
-an end-of-generation token included.
+``usage`` carries OpenAI's three counts, ``prompt_tokens_details.cached_tokens``
+(the prompt tokens the Engine's prompt cache kept from the last request, not
+prefilled again: one slot, so another conversation simply replaces it) and
+``tfm``: the speculative decoding statistics of the generation (τ, tokens/s,
+time split, the draft budget mode). ``completion_tokens`` counts every token
+the target emitted, an end-of-generation token included.
 """
 from __future__ import annotations
 
@@ -104,9 +106,11 @@ class Service:
 
     # -- responses ----------------------------------------------------------------------
     def usage(self, stats: GenerationStats) -> dict:
-        """OpenAI usage counts plus ``tfm``: τ, tokens/s, seconds (prefill, draft, verify, total), budget."""
+        """OpenAI usage counts (the prompt's cached tokens in ``prompt_tokens_details``) plus ``tfm``: τ,
+        tokens/s, seconds (prefill, draft, verify, total), budget."""
         return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
                 "total_tokens": stats.n_prompt + stats.n_generated,
+                "prompt_tokens_details": {"cached_tokens": stats.n_cached},
                 "tfm": {"tau": round(stats.tau, 4), "tokens_per_s": round(stats.tokens_per_s, 2),
                         "prefill_s": round(stats.t_prefill, 6), "draft_s": round(stats.t_draft, 6),
                         "verify_s": round(stats.t_verify, 6), "total_s": round(stats.t_total, 6),
