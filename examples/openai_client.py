@@ -1,4 +1,5 @@
-"""The official ``openai`` client against tfm-serve: one plain chat completion, then one streamed.
+"""The official ``openai`` client against tfm-serve: a plain chat completion, a streamed one, then
+log-probabilities and penalties.
 
 Start the server first, in another terminal (it loads the default target and drafter; see the
 README's Server section for its options):
@@ -13,6 +14,13 @@ then run
 
 With ``tfm-serve --api-key KEY`` (or ``$TFM_API_KEY``), pass the same key with ``--api-key``
 (default ``$TFM_API_KEY``, else a placeholder: without a key the server checks none).
+
+The third part asks for ``logprobs=True, top_logprobs=3`` and prints each token of the answer with its
+log-probability under the target and its three most likely alternatives (the values come from the
+target's logits whether or not the server speculated, up to a batched pass's float rounding); the
+fourth adds ``frequency_penalty`` / ``presence_penalty`` (OpenAI's fields) and llama.cpp's
+``repeat_penalty`` (an extension field, through ``extra_body``); the last is a text completion with
+the legacy ``logprobs`` shape.
 """
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ import argparse
 import json
 import os
 import sys
+
+import math
 
 from openai import APIConnectionError, APIStatusError, OpenAI
 
@@ -62,6 +72,27 @@ def main(argv: list[str] | None = None) -> None:
             print(chunk.choices[0].delta.content or "", end="", flush=True)
         elif chunk.usage is not None:
             print(f"\nusage: completion_tokens={chunk.usage.completion_tokens}")
+
+    # 3. Each token's log-probability and its 3 most likely alternatives (greedy: the token is the first).
+    print("\nlogprobs:")
+    resp = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_tokens,
+                                          temperature=0, logprobs=True, top_logprobs=3)
+    for entry in resp.choices[0].logprobs.content:
+        alts = ", ".join(f"{a.token!r} {a.logprob:.3f}" for a in entry.top_logprobs)
+        print(f"token {entry.token!r}: logprob {entry.logprob:.3f} (p {math.exp(entry.logprob):.3f}); top 3: {alts}")
+
+    # 4. Penalties: OpenAI's two, and llama.cpp's repeat penalty as an extension field.
+    resp = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_tokens,
+                                          temperature=0, frequency_penalty=1.0, presence_penalty=0.5,
+                                          extra_body={"repeat_penalty": 1.1, "repeat_last_n": 64})
+    print(f"\nwith penalties: {resp.choices[0].message.content!r}")
+
+    # 5. A text completion's legacy logprobs: tokens, token_logprobs, top_logprobs, text_offset.
+    prompt = "def reverse(s):"
+    resp = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, logprobs=2)
+    lp = resp.choices[0].logprobs
+    print(f"completion of {prompt!r}: tokens {lp.tokens}")
+    print(f"text_offset (from the start of the prompt): {lp.text_offset}")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def test_bench_samples_with_one_seed_per_prompt(pair, tmp_path):
             "--top-p", "0.95", "--seed", "5", "--no-plot", "--json", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
-    assert doc["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 5}
+    assert doc["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 5,
+                               "frequency_penalty": 0.0, "presence_penalty": 0.0, "repeat_penalty": 1.0,
+                               "repeat_last_n": 64}
     runs = doc["runs"]
     assert all(x["sampled"] for x in runs)
     by = {(x["prompt_id"], x["mode"]): x["output_ids"] for x in runs}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -130,6 +131,16 @@ def test_openai_client(server, env):
     assert json.loads(tfm.split("; ", 1)[1])["verify_passes"] >= 1
     i = out.index("streamed (temperature 0.7, seed 1):")
     assert out[i + 1].strip() and out[i + 2] == f"usage: completion_tokens={MAX_TOKENS}", r.stdout
+    # logprobs: a line per token of the answer with its log-probability and three alternatives
+    tokens = [ln for ln in out[out.index("logprobs:"):] if ln.startswith("token ")]
+    assert 1 <= len(tokens) <= MAX_TOKENS, r.stdout
+    for ln in tokens:
+        m = re.search(r": logprob (-?[0-9.]+) \(p ([0-9.]+)\); top 3: (.*)$", ln)
+        assert m and float(m.group(1)) <= 0 and 0 <= float(m.group(2)) <= 1, ln
+        assert len(re.findall(r" -?[0-9]+\.[0-9]{3}(?:, |$)", m.group(3))) == 3, ln  # three alternatives
+    assert any(ln.startswith("with penalties: ") for ln in out)
+    offsets = next(ln for ln in out if ln.startswith("text_offset (from the start of the prompt):"))
+    assert offsets.split(": ", 1)[1].startswith(f"[{len('def reverse(s):')},"), offsets
 
 
 def test_convert_drafter(target, env, tmp_path):

@@ -76,3 +76,25 @@ def test_relative_gap_scales_with_the_largest_logit(target):
     out = ref[:2] + [second]
     assert classify(target, PROMPT, ref, out, gap=0.0, rel=rel * 1.01).near_tie
     assert not classify(target, PROMPT, ref, out, gap=1e9, rel=rel * 0.99).near_tie
+
+
+def test_penalties_apply_to_the_row(target):
+    """With a generation's penalties the gaps are those of the penalised row: presence and frequency
+    penalties on the tokens of ``ref`` before the divergence (the prompt does not count)."""
+    from tfm_local.decode.sampling import SamplingParams
+
+    ref = greedy(target, 4)
+    raw = np.array(target.prefill(PROMPT + ref[:2]), dtype=np.float32)
+    out = ref[:2] + [int(np.argsort(-raw)[1])]  # the second best
+    sp = SamplingParams(presence_penalty=1.5, frequency_penalty=0.5)
+    pen = raw.copy()
+    for t in ref[:2]:
+        pen[t] -= np.float32(0.5)
+    for t in set(ref[:2]):
+        pen[t] -= np.float32(1.5)
+    pen = pen.astype(np.float64)
+    d = classify(target, PROMPT, ref, out, gap=1e9, sp=sp)
+    assert d.index == 2 and d.gaps == pytest.approx((pen.max() - pen[ref[2]], pen.max() - pen[out[2]]), abs=1e-5)
+    plain = classify(target, PROMPT, ref, out, gap=1e9)
+    assert plain.gaps == pytest.approx((raw.max() - raw[ref[2]], raw.max() - raw[out[2]]), abs=1e-5)
+    assert (plain.gaps != d.gaps) == bool({ref[2], out[2]} & set(ref[:2]))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tfm_local.decode.sampling import SamplingParams, TokenChooser, draw_key, sample_row, target_probs
+from tfm_local.decode.sampling import SamplingParams, TokenChooser, draw_key, kept_set, sample_row, target_probs
 from tfm_local.stops import StopMatcher
 
 
@@ -72,3 +72,26 @@ def test_stop_strings_hold_back_prefixes():
     assert m.feed("OP more") == ("", True)
     m = StopMatcher(None)
     assert m.feed("abc") == ("abc", False)
+
+
+def _full_sort_top_p(x: np.ndarray, top_p: float) -> np.ndarray:
+    """top-p's kept set written with one sort of the whole row (kept_set sorts only the prefix it needs)."""
+    e = np.exp(x - x.max()).astype(np.float32)
+    ids = np.arange(x.shape[0])
+    order = ids[np.lexsort((ids, -x))]
+    cum = np.cumsum(e[order].astype(np.float64))
+    j = min(int(np.searchsorted(cum, top_p * cum[-1])), len(order) - 1)
+    return x >= x[order[j]]
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.5, 2.0, 8.0])
+def test_top_p_sorts_only_the_prefix_it_needs(scale):
+    """Peaked rows (a nucleus of a few tokens) and flat ones (thousands: the prefix grows past 256 and
+    2048 candidates), with ties at the cut: the kept set of a full sort."""
+    rng = np.random.default_rng(int(scale * 100))
+    for top_p in (0.1, 0.5, 0.9, 0.999):
+        for _ in range(5):
+            x = (rng.standard_normal(20000) * scale).astype(np.float32)
+            x[rng.integers(0, 20000, 300)] = np.float32(np.quantile(x, 0.99))  # ties among the top
+            got = kept_set(x, SamplingParams(temperature=1.0, top_p=top_p))
+            assert np.array_equal(got, _full_sort_top_p(x, top_p)), (scale, top_p)

@@ -14,6 +14,8 @@ from typing import Iterator
 
 from .decode.budget import CPU, GPU, BudgetPolicy, PassCosts
 from .decode.draft import DFlashDrafter
+from .decode.host_choice import HostChooser
+from .decode.logprobs import TokenLogprob, check_top_logprobs
 from .decode.sampling import SamplingParams, TokenChooser
 from .decode.stats import GenerationStats
 from .decode.methods import DraftMethod, check_method_options, make_method
@@ -23,6 +25,7 @@ from .decode.verify import Target
 from .decode.warmup import warm_up
 from .llama.tokenizer import StreamDecoder, encode_chat
 from .stops import StopMatcher
+from .token_text import TokenSpans
 
 
 #: How greedy steps read the target's choice: "backend" = each verified row's argmax computed in the
@@ -168,6 +171,9 @@ class Engine:
         #: budget took it; ``stretch`` True for a plain step of the automatic budget's plain stretch (run
         #: without the drafter). Unset, a step costs one test of this attribute.
         self.on_step = None
+        #: the last generation's per-token records when it asked for them (``generate``'s ``logprobs``)
+        self.logprobs: list[TokenLogprob] = []
+        self._records: list[TokenLogprob] | None = None  # every choice's record (HostChooser.records)
 
     # -- public API ----------------------------------------------------------------------
     def set_budget(self, budget: int | str | None) -> None:
@@ -263,12 +269,18 @@ class Engine:
 
     def generate(self, prompt: str | list[dict], max_tokens: int = 256, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
-                 stop: list[str] | str | None = None, stream: bool = False) -> Iterator[str] | str:
+                 stop: list[str] | str | None = None, stream: bool = False, *, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 logprobs: int | None = None) -> Iterator[str] | str:
         """Generate text after ``prompt`` (a string or OpenAI-style chat messages).
 
         Returns the text, or with ``stream=True`` an iterator of text pieces.
         ``self.stats`` holds the statistics of the last generation (``n_cached``: the prompt tokens the
         prompt cache kept, ``n_prefilled`` the rest).
+        The penalties are ``SamplingParams``'s (decode.penalties). ``logprobs``: None = none; n in 0..20 =
+        ``self.logprobs`` gets a ``TokenLogprob`` (decode.logprobs) for each token of the text, with its
+        ``text_offset`` and its n most likely alternatives, each before the piece that completes its text
+        is yielded (the end-of-generation token and tokens after a stop string have none).
         Raises ContextOverflowError (before any work) when the prompt does not fit, ValueError
         for an empty prompt or bad arguments.
         """
@@ -278,19 +290,35 @@ class Engine:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if stop is not None and not isinstance(stop, (str, list, tuple)):
             raise ValueError("stop must be a string or a list of strings")
-        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+        if logprobs is not None:
+            check_top_logprobs(logprobs)
         ids = self.prompt_tokens(prompt)
         if not ids:
             raise ValueError("the prompt is empty (no tokens): give some text or a message")
         self.target.check_fits(len(ids))
         stops = [stop] if isinstance(stop, str) else stop
-        it = self._text_stream(ids, max_tokens, sp, stops)
+        it = self._text_stream(ids, max_tokens, sp, stops, logprobs)
         return it if stream else "".join(it)
 
-    def generate_ids(self, prompt_ids: list[int], max_tokens: int, sp: SamplingParams) -> Iterator[int]:
+    def generate_ids(self, prompt_ids: list[int], max_tokens: int, sp: SamplingParams,
+                     logprobs: int | None = None) -> Iterator[int]:
         """Token ids generated after ``prompt_ids`` (stops after an end-of-generation token, with
-        ``stats.finish_reason`` "stop"; "length" when ``max_tokens`` or the context ended it)."""
-        for t in self._token_stream(prompt_ids, max_tokens, sp):
+        ``stats.finish_reason`` "stop"; "length" when ``max_tokens`` or the context ended it).
+        ``logprobs`` (None or 0..20): ``self.logprobs`` gets each yielded token's ``TokenLogprob`` before
+        it is yielded (``text_offset`` None). Raises ValueError for bad arguments."""
+        out = self.logprobs = []
+        for i, t in enumerate(self._ids(prompt_ids, max_tokens, sp, logprobs)):
+            if logprobs is not None:
+                out.append(self._records[i])
+            yield t
+
+    # -- internals -----------------------------------------------------------------------
+    def _ids(self, prompt_ids, max_tokens, sp, logprobs) -> Iterator[int]:
+        """``generate_ids`` without the records."""
+        for t in self._token_stream(prompt_ids, max_tokens, sp, logprobs):
             eog = self.tok.is_eog(t)
             if eog:  # before the yield: a consumer may stop at this token
                 self.stats.finish_reason = "stop"
@@ -298,24 +326,37 @@ class Engine:
             if eog:
                 return
 
-    # -- internals -----------------------------------------------------------------------
-    def _text_stream(self, ids, max_tokens, sp, stops) -> Iterator[str]:
+    def _text_stream(self, ids, max_tokens, sp, stops, logprobs=None) -> Iterator[str]:
         dec, matcher = StreamDecoder(self.tok), StopMatcher(stops)
-        for t in self.generate_ids(ids, max_tokens, sp):
+        spans, n_out = None, 0  # TokenSpans of the records (logprobs), characters given out
+        self.logprobs = []
+        for t in self._ids(ids, max_tokens, sp, logprobs):
+            if spans is None:  # the records exist from the first token on
+                spans = TokenSpans(self._records)
+                self.logprobs = spans.out
             if self.tok.is_eog(t):
                 self.stats.finish_reason = "stop"
                 break
-            text, hit = matcher.feed(dec.feed(t))
+            piece = dec.feed(t)
+            spans.decoded(len(piece))
+            text, hit = matcher.feed(piece)
+            n_out += len(text)
+            spans.given_out(n_out, final=hit)
             if text:
                 yield text
             if hit:
                 self.stats.finish_reason = "stop"
                 return
-        tail = matcher.feed(dec.flush())[0] + matcher.flush()
+        last = dec.flush()
+        tail = matcher.feed(last)[0] + matcher.flush()
+        if spans is not None:
+            spans.flushed(len(last))
+            spans.given_out(n_out + len(tail), final=True)
         if tail:
             yield tail
 
-    def _token_stream(self, prompt_ids: list[int], max_tokens: int, sp: SamplingParams) -> Iterator[int]:
+    def _token_stream(self, prompt_ids: list[int], max_tokens: int, sp: SamplingParams,
+                      logprobs: int | None = None) -> Iterator[int]:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if len(prompt_ids) == 0:
@@ -324,7 +365,10 @@ class Engine:
         serial = self._generation
         st = self.stats = GenerationStats(n_prompt=len(prompt_ids), finish_reason="length")
         t0 = time.perf_counter()
-        choose = TokenChooser(sp)
+        # penalties and log-probabilities need each chosen row on the host (decode.host_choice)
+        host = sp.penalised or logprobs is not None
+        choose = HostChooser(sp, prompt_ids, logprobs) if host else TokenChooser(sp)
+        self._records = choose.records if logprobs is not None else None
         tgt, dft = self.target, self.active_drafter
         auto = self.auto if dft is not None else None
         captured = False
@@ -354,7 +398,9 @@ class Engine:
                 dft.ctx.synchronize()
                 captured_s[0] += time.perf_counter() - t
         # the target's choice per row in its graph: the argmax (greedy_argmax) or the seeded draw
-        if sp.greedy:
+        if host:
+            backend = False
+        elif sp.greedy:
             backend = self.backend_argmax and tgt.attach_argmax(self._max_rows())
         else:
             backend = tgt.attach_sampler(sp, choose.seed, self._max_rows())

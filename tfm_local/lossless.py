@@ -65,7 +65,8 @@ def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
 
 
 def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[int],
-             gap: float | None = None, rel: float | None = None, n_nodes: int | None = None) -> Divergence | None:
+             gap: float | None = None, rel: float | None = None, n_nodes: int | None = None,
+             sp=None) -> Divergence | None:
     """Check a divergence of ``out`` from the plain greedy output ``ref`` (None when equal).
 
     ``target`` is a :class:`tfm_local.decode.verify.Target`; its KV cache is reset by a prefill of
@@ -73,14 +74,23 @@ def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[in
     only in length (one stopped earlier) are not a near-tie. ``gap`` None: ``tie_gap(target, n_nodes)``
     (``n_nodes``: the most nodes a verification of ``out`` had; None = any). With
     ``rel`` the tie gap is ``rel`` times the largest |logit| there instead (a tolerance relative to the
-    logits' scale).
+    logits' scale). ``sp``: the generation's ``SamplingParams`` when it has penalties: they apply to the
+    row first (``decode.penalties``), with ``ref[:i]`` as the tokens generated before it.
     """
     i = first_divergence(ref, out)
     if i is None:
         return None
     if i >= min(len(ref), len(out)):
         return Divergence(i, ref[i] if i < len(ref) else None, out[i] if i < len(out) else None, None, False)
-    logits = np.asarray(target.prefill(list(prompt_ids) + list(ref[:i])), dtype=np.float64)
+    logits = target.prefill(list(prompt_ids) + list(ref[:i]))
+    if sp is not None and sp.penalised:
+        from .decode.penalties import Penalties
+
+        pen = Penalties(sp, prompt_ids)
+        for t in ref[:i]:
+            pen.push(t)
+        logits = pen.apply(logits)
+    logits = np.asarray(logits, dtype=np.float64)
     best = logits.max()
     gaps = (float(best - logits[ref[i]]), float(best - logits[out[i]]))
     if rel is not None:

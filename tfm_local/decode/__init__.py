@@ -18,5 +18,8 @@ the engine calls it once per step):
                prefix, within the rules of recurrent and sliding-window caches and the drafter's rows)
 - ``warmup``   every pass shape the budget may choose run once at load (GPU), so that no timed step is cold
 - ``sampling`` the target's processed distribution and the draw (temperature, top-k, top-p, min-p)
+- ``penalties`` frequency, presence and repeat penalties on the target's logits (``Penalties``)
+- ``logprobs`` an emitted token's log-probability and its most likely alternatives (``TokenLogprob``)
+- ``host_choice`` the token choice on the host with penalties and log-probability records (``HostChooser``)
 - ``stats``    per-generation counters and the time split (``GenerationStats``)
 """

@@ -41,6 +41,10 @@ class SamplingParams:
     least the vocabulary, = off). top_p: nucleus mass (1 = off). min_p: drop tokens below min_p × p_max
     (0 = off). seed: the draws' seed, any integer (taken modulo 2**64); None or -1 (llama.cpp's and
     Ollama's "random") = a random seed per generation.
+    frequency_penalty / presence_penalty: OpenAI's penalties, -2..2 (0 = off), over the tokens generated so
+    far; repeat_penalty (> 0, 1 = off) over the last ``repeat_last_n`` tokens of prompt and output (-1 = all
+    of them, 0 = off), as llama.cpp's. They change the logits before everything above (``penalties``);
+    greedy decoding takes the argmax of the penalised logits.
     Raises ValueError naming the field on a value of the wrong type or out of range.
     """
 
@@ -49,12 +53,24 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
 
     def __post_init__(self):
         t, p, m = _real("temperature", self.temperature), _real("top_p", self.top_p), _real("min_p", self.min_p)
         k = _integer("top_k", self.top_k)
         if self.seed is not None:
             _integer("seed", self.seed)
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= _real(name, getattr(self, name)) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        r = _real("repeat_penalty", self.repeat_penalty)
+        if not (r > 0 and np.isfinite(r)):
+            raise ValueError(f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty}")
+        if _integer("repeat_last_n", self.repeat_last_n) < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (-1 = the whole context), got {self.repeat_last_n}")
         if not (t >= 0 and np.isfinite(t)):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if k < 0:
@@ -67,6 +83,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return np.float32(self.temperature) == 0
+
+    @property
+    def penalised(self) -> bool:
+        """A penalty changes the logits (``penalties.Penalties``)."""
+        return (self.frequency_penalty != 0 or self.presence_penalty != 0
+                or (self.repeat_penalty != 1 and self.repeat_last_n != 0))
 
 
 _PHI = np.uint64(0x9E3779B97F4A7C15)
@@ -123,13 +145,37 @@ def kept_set(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
         keep &= x >= theta_k
     if sp.top_p < 1.0:
         ids = np.flatnonzero(keep)
-        order = ids[np.lexsort((ids, -x[ids]))]          # descending x, ties by ascending id
-        cum = np.cumsum(e[order].astype(np.float64))
-        j = min(int(np.searchsorted(cum, sp.top_p * cum[-1])), len(order) - 1)
+        order, cum, target = _nucleus_prefix(x[ids], e[ids].astype(np.float64), ids, sp.top_p)
+        j = min(int(np.searchsorted(cum, target)), len(order) - 1)
         keep &= x >= x[order[j]]
     if sp.min_p > 0.0:
         keep &= e >= np.float32(sp.min_p)
     return keep
+
+
+def _nucleus_prefix(x: np.ndarray, w: np.ndarray, ids: np.ndarray,
+                    top_p: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The tokens ``ids`` sorted by descending logit ``x`` (ties by ascending id) as far as top-p needs,
+    the cumulative weights ``w`` (float64) along them, and the mass the nucleus must reach (``top_p`` ×
+    the total). The prefix holds the candidates with the 256, 2048, ... largest logits (boundary ties
+    included) until their mass reaches it, else all tokens (the total is then the sorted cumulative
+    sum's last value): a prefix of the full sort, since every token left out has a smaller logit.
+    Sorting a 152k-token vocabulary whole took 12 ms a row on the 2-core CPU."""
+    target = top_p * float(np.sum(w))
+    m = min(ids.size, 256)
+    while True:
+        if m < ids.size:
+            cut = np.partition(x, -m)[-m]
+            sel = np.flatnonzero(x >= cut)
+        else:
+            sel = np.arange(ids.size)
+        sel = sel[np.lexsort((ids[sel], -x[sel]))]
+        cum = np.cumsum(w[sel])
+        if sel.size == ids.size:
+            return ids[sel], cum, top_p * cum[-1]
+        if cum[-1] >= target:
+            return ids[sel], cum, target
+        m = min(ids.size, m * 8)
 
 
 def target_probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:

@@ -7,6 +7,8 @@ Every request is checked before it queues for the Engine (model id, fields,
 prompt length against the context), so bad requests are 4xx JSON errors
 even when streaming; generations then run one at a time (stream.py).
 
+``logprobs`` / ``top_logprobs`` (chat) and ``logprobs`` (text completions) add each
+token's log-probability under the target in OpenAI's shapes (logprobs.py).
 ``usage`` carries OpenAI's three counts, ``prompt_tokens_details.cached_tokens``
 (the prompt tokens the Engine's prompt cache kept from the last request, not
 prefilled again: one slot, so another conversation simply replaces it) and
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..decode.stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
+from .logprobs import chat_logprobs, completion_logprobs
 from .middleware import BearerAuth, BodyLimit
 from .messages import template_messages, template_renders_tools
 from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest
@@ -45,6 +48,7 @@ class Service:
 
     def __init__(self, engine, model_name: str):
         self.runner = EngineRunner(engine)
+        self.tok = engine.tok
         self.model_name = model_name
         self.n_ctx = engine.target.n_ctx
         self.created = int(time.time())
@@ -61,7 +65,11 @@ class Service:
 
     @staticmethod
     def check_supported(req) -> None:
-        """Raise a 400 for a field whose value this server cannot honour (n > 1, logprobs, tools...)."""
+        """Raise a 400 for a field whose value this server cannot honour (n > 1, tools...), or for
+        ``top_logprobs`` without ``logprobs`` true (OpenAI's rule)."""
+        if getattr(req, "top_logprobs", None) is not None and not req.logprobs:
+            raise APIError(400, "'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs",
+                           code="invalid_value")
         name = req.unsupported()
         if name is None:
             return
@@ -117,15 +125,17 @@ class Service:
                         "drafted_tokens": stats.n_drafted, "verify_passes": stats.n_steps,
                         "budget": self.budget, "tree": self.tree}}
 
-    async def run(self, request: Request, prompt, max_tokens: int, kwargs: dict) -> tuple[str, GenerationStats] | None:
-        """A whole generation → (text, stats); None when the client went away (the generation is stopped)."""
+    async def run(self, request: Request, prompt, max_tokens: int,
+                  kwargs: dict) -> tuple[str, GenerationStats, list] | None:
+        """A whole generation → (text, stats, per-token records); None when the client went away (the
+        generation is stopped). The records are ``Engine.logprobs`` ([] unless ``kwargs`` asks for them)."""
         parts: list[str] = []
         async with self.runner.generation(prompt, max_tokens, **kwargs) as gen:
             async for piece in gen:
                 parts.append(piece)
                 if await request.is_disconnected():
                     return None
-        return "".join(parts), gen.stats
+        return "".join(parts), gen.stats, gen.new_records()
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
@@ -208,10 +218,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         max_tokens = await svc.token_budget(messages, req.token_limit(), "messages")
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("chatcmpl"), int(time.time())
+        with_logprobs = kwargs["logprobs"] is not None
 
-        def chunk(delta: dict, finish: str | None) -> dict:
+        def logprobs(records) -> dict | None:
+            return chat_logprobs(svc.tok, records) if with_logprobs else None
+
+        def chunk(delta: dict, finish: str | None, records=None) -> dict:
+            """A chunk; ``records``: its tokens' (None, or [] in the last chunk: ``logprobs`` null)."""
+            lp = logprobs(records) if records is not None and (records or finish is None) else None
             c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": svc.model_name,
-                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                 "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
             if req.include_usage():
                 c["usage"] = None
             return c
@@ -221,8 +237,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                 async with svc.runner.generation(messages, max_tokens, **kwargs) as gen:
                     yield chunk({"role": "assistant", "content": ""}, None)
                     async for piece in gen:
-                        yield chunk({"content": piece}, None)
-                yield chunk({}, gen.stats.finish_reason)
+                        yield chunk({"content": piece}, None, gen.new_records())
+                yield chunk({}, gen.stats.finish_reason, gen.new_records())
                 if req.include_usage():
                     yield {**chunk({}, None), "choices": [], "usage": svc.usage(gen.stats)}
             return ClosingEventSourceResponse(sse_body(chunks()))
@@ -230,10 +246,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         done = await svc.run(request, messages, max_tokens, kwargs)
         if done is None:
             return JSONResponse({}, status_code=499)  # nobody is listening
-        text, stats = done
+        text, stats, records = done
         return {"id": cid, "object": "chat.completion", "created": created, "model": svc.model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                             "logprobs": None, "finish_reason": stats.finish_reason}],
+                             "logprobs": logprobs(records), "finish_reason": stats.finish_reason}],
                 "usage": svc.usage(stats)}
 
     @app.post("/v1/completions")
@@ -247,9 +263,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("cmpl"), int(time.time())
 
-        def chunk(text: str, finish: str | None) -> dict:
+        def logprobs(records) -> dict | None:
+            return completion_logprobs(svc.tok, records, len(prompt)) if kwargs["logprobs"] is not None else None
+
+        def chunk(text: str, finish: str | None, records=None) -> dict:
             c = {"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
-                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                 "choices": [{"index": 0, "text": text, "logprobs": logprobs(records or []),
+                              "finish_reason": finish}]}
             if req.include_usage():
                 c["usage"] = None
             return c
@@ -258,8 +278,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
             async def chunks():
                 async with svc.runner.generation(prompt, max_tokens, **kwargs) as gen:
                     async for piece in gen:
-                        yield chunk(piece, None)
-                yield chunk("", gen.stats.finish_reason)
+                        yield chunk(piece, None, gen.new_records())
+                yield chunk("", gen.stats.finish_reason, gen.new_records())
                 if req.include_usage():
                     yield {**chunk("", None), "choices": [], "usage": svc.usage(gen.stats)}
             return ClosingEventSourceResponse(sse_body(chunks()))
@@ -267,9 +287,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         done = await svc.run(request, prompt, max_tokens, kwargs)
         if done is None:
             return JSONResponse({}, status_code=499)
-        text, stats = done
+        text, stats, records = done
         return {"id": cid, "object": "text_completion", "created": created, "model": svc.model_name,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": stats.finish_reason}],
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs(records),
+                             "finish_reason": stats.finish_reason}],
                 "usage": svc.usage(stats)}
 
     return app

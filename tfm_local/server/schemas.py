@@ -3,15 +3,17 @@
 Only the fields the engine can honour are declared; other OpenAI fields are
 accepted and ignored (clients send many), except the few in
 ``UNSUPPORTED`` and ``TOOL_CHOICE`` whose non-default values would change
-the answer's meaning (several choices, log-probabilities, tools to call,
-penalties): those are refused with a 400 rather than silently dropped.
+the answer's meaning (several choices, tools to call, logit biases): those are
+refused with a 400 rather than silently dropped.
 
 Types are strict: ``"max_tokens": "5"`` or ``1.5`` is a 400, not a coercion.
 An explicit ``null`` for an optional field means the field is left out, as
 in OpenAI's API (``"stream": null`` is no stream); for a required field it
 is a 400.
-Ranges follow OpenAI (temperature 0..2, top_p 0..1). ``top_k`` and ``min_p``
-are extensions, as in llama.cpp's and vLLM's servers.
+Ranges follow OpenAI (temperature 0..2, top_p 0..1, penalties -2..2, top_logprobs
+0..20). ``top_k``, ``min_p``, ``repeat_penalty`` and ``repeat_last_n`` are
+extensions, as in llama.cpp's server; text completions take ``logprobs`` up to 20
+(OpenAI's limit there is 5).
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..decode.logprobs import MAX_TOP_LOGPROBS
+
 #: The largest max_tokens accepted (16 Mi tokens, beyond any context): a larger value is a client's error.
 #: Within it, a max_tokens past the end of the context is cut to what the context leaves (app.py).
 MAX_TOKENS = 1 << 24
 
 #: Field → the values that mean "off" (None always does); any other value is refused as unsupported.
-UNSUPPORTED = {"n": (1,), "logprobs": (False,), "top_logprobs": (0,), "tool_choice": ("none", "auto"),
-               "function_call": ("none", "auto"), "frequency_penalty": (0,), "presence_penalty": (0,),
+UNSUPPORTED = {"n": (1,), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
                "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
                "response_format": ({"type": "text"},)}
 
@@ -110,6 +113,10 @@ class _Sampling(_Body):
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     seed: int | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -132,7 +139,8 @@ class _Sampling(_Body):
         return None
 
     def sampling_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``Engine.generate``: temperature, top_p, top_k, min_p, seed, stop.
+        """Keyword arguments for ``Engine.generate``: temperature, top_p, top_k, min_p, seed, stop, the
+        penalties and ``logprobs`` (the alternatives per token, None when log-probabilities are off).
 
         top_p = 0 keeps only the most likely token, i.e. greedy decoding. A
         negative seed is mapped into the unsigned 64-bit range numpy accepts.
@@ -143,7 +151,15 @@ class _Sampling(_Body):
             temperature, top_p = 0.0, 1.0
         seed = None if self.seed is None else self.seed % (1 << 64)
         return dict(temperature=temperature, top_p=top_p, top_k=self.top_k or 0, min_p=self.min_p or 0.0,
-                    seed=seed, stop=self.stop)
+                    seed=seed, stop=self.stop, frequency_penalty=self.frequency_penalty or 0.0,
+                    presence_penalty=self.presence_penalty or 0.0,
+                    repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+                    repeat_last_n=64 if self.repeat_last_n is None else self.repeat_last_n,
+                    logprobs=self.n_logprobs())
+
+    def n_logprobs(self) -> int | None:
+        """The alternatives per token when log-probabilities are asked for, else None."""
+        raise NotImplementedError
 
 
 class ChatRequest(_Sampling):
@@ -151,6 +167,12 @@ class ChatRequest(_Sampling):
 
     messages: list[Message]
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    def n_logprobs(self) -> int | None:
+        """``top_logprobs`` (0 when not given) when ``logprobs`` is true, else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_limit(self) -> int | None:
         """max_completion_tokens, else max_tokens, else None (up to the end of the context)."""
@@ -161,6 +183,11 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions``: ``prompt`` is a string or a list holding one string."""
 
     prompt: Union[str, list[str]]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    def n_logprobs(self) -> int | None:
+        """``logprobs``: the alternatives per token (None = no log-probabilities)."""
+        return self.logprobs
 
     def token_limit(self) -> int:
         """max_tokens, else OpenAI's default of 16 for text completions."""

@@ -61,6 +61,14 @@ class Generation:
     def __init__(self, runner: "EngineRunner", engine, pieces: Iterator[str]):
         self._runner, self._engine, self._pieces = runner, engine, pieces
         self.stats: GenerationStats | None = None
+        self._n_records = 0
+
+    def new_records(self) -> list:
+        """The per-token records (``Engine.logprobs``) given out since the last call: those of the
+        tokens of the pieces pulled so far (empty unless the generation asked for log-probabilities)."""
+        records = self._engine.logprobs
+        out, self._n_records = records[self._n_records:], len(records)
+        return out
 
     def __aiter__(self) -> "Generation":
         return self
@@ -136,7 +144,7 @@ class EngineRunner:
     async def generation(self, prompt: str | list[dict], max_tokens: int, **kwargs) -> AsyncIterator[Generation]:
         """Hold the Engine for one generation: ``async with runner.generation(...) as gen: async for piece in gen``.
 
-        ``kwargs`` go to ``Engine.generate`` (temperature, top_p, top_k, min_p, seed, stop).
+        ``kwargs`` go to ``Engine.generate`` (temperature, top_p, top_k, min_p, seed, stop, penalties, logprobs).
         Raises APIError: 400 for what ``Engine.generate`` refuses (ValueError, ContextOverflowError)
         before the first piece, 503 once the runner is stopped or closed (also from the iterator).
         """
