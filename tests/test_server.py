@@ -427,6 +427,63 @@ def test_prompt_over_the_context(server, stream):
                  param="messages", code="context_length_exceeded")
 
 
+def long_conversation(engine, n_ctx: int) -> list[dict]:
+    """A system prompt and whole turns adding up to more than ``n_ctx`` tokens, then a last question."""
+    msgs = [{"role": "system", "content": "be brief"}]
+    while len(engine.prompt_tokens(msgs)) <= n_ctx:
+        i = len(msgs) // 2
+        msgs += [{"role": "user", "content": f"question {i}: " + "tell me more " * 40},
+                 {"role": "assistant", "content": "the answer is " * 30}]
+    return msgs + [{"role": "user", "content": "and now?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_conversation_past_the_context_loses_its_oldest_turns(server, engine, stream):
+    """The fewest oldest turns are left out, whole, so that the rest leaves max_tokens for the answer; the
+    system prompt stays; the answer says how many messages were left out (header and usage.tfm)."""
+    msgs, max_tokens = long_conversation(engine, N_CTX), 8
+    k = next(k for k in range(2, len(msgs), 2)  # messages left out, one turn (user + assistant) at a time
+             if len(engine.prompt_tokens(msgs[:1] + msgs[1 + k:])) + max_tokens <= N_CTX)
+    want = engine.generate(msgs[:1] + msgs[1 + k:], max_tokens=max_tokens, temperature=0)
+    body = {"model": MODEL, "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+    if stream:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line and line != "data: [DONE]"]
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        usage = events[-1]["usage"]
+    else:
+        r = post(server, "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        text, usage = r.json()["choices"][0]["message"]["content"], r.json()["usage"]
+    assert r.headers["x-tfm-dropped-messages"] == str(k) and usage["tfm"]["dropped_messages"] == k
+    assert text == want and usage["prompt_tokens"] == len(engine.prompt_tokens(msgs[:1] + msgs[1 + k:]))
+    short = post(server, "/v1/chat/completions", json=CHAT)
+    assert "x-tfm-dropped-messages" not in short.headers and short.json()["usage"]["tfm"]["dropped_messages"] == 0
+
+
+def test_a_last_turn_over_the_context_is_refused(server):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "hello world " * N_CTX}]
+    err = assert_error(post(server, "/v1/chat/completions", json={**CHAT, "messages": msgs}), 400,
+                       param="messages", code="context_length_exceeded")
+    assert "the last turn" in err["message"]
+
+
+def test_no_truncate_refuses_a_conversation_past_the_context(models, engine, tmp_path):
+    s = Server(models, tmp_path / "no-truncate.log", "--no-truncate")
+    try:
+        msgs = long_conversation(engine, N_CTX)
+        err = assert_error(post(s, "/v1/chat/completions", json={**CHAT, "messages": msgs}), 400,
+                           param="messages", code="context_length_exceeded")
+        assert "--no-truncate" in err["message"]
+        r = post(s, "/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200 and "x-tfm-dropped-messages" not in r.headers
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
 def test_unknown_model(server, client):
     assert_error(post(server, "/v1/chat/completions", json={**CHAT, "model": "gpt-4o"}), 404, param="model",
                  code="model_not_found")
@@ -809,6 +866,7 @@ def test_cors(keyed, server):
     origin = {"Origin": ORIGINS[1]}
     r = httpx.post(url, json=CHAT, headers={**KEY, **origin}, timeout=60)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGINS[1]
+    assert "x-tfm-dropped-messages" in r.headers["access-control-expose-headers"].lower()
     for r in (httpx.post(url, json=CHAT, headers=origin, timeout=10),  # 401
               httpx.post(url, content=b"x" * (SMALL_LIMIT + 1), headers={**KEY, **origin}, timeout=10)):  # 413
         assert r.status_code in (401, 413) and r.headers["access-control-allow-origin"] == ORIGINS[1]

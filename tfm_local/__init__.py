@@ -1,4 +1,4 @@
-"""tfm-local: fast local LLM inference on llama.cpp with DFlash-family speculative decoding.
+"""tfm-local: chat with a local LLM on llama.cpp, and serve it, faster with DFlash-family speculative decoding.
 
 The Python API is :class:`tfm_local.Engine` (imported lazily so that light
 modules, such as the model resolver, work without the llama.cpp build).
@@ -13,6 +13,7 @@ modules, such as the model resolver, work without the llama.cpp build).
 - ``bench``    the benchmarks (never imported by the runtime); ``testing`` tiny synthetic models
 - ``lossless`` near-tie checks of greedy outputs; ``stops`` stop strings; ``token_text`` which tokens a
                text stream has given out (per-token records)
+- ``conversation`` a long conversation fitted into the context (its oldest turns left out)
 """
 __version__ = "0.1.0"
 __all__ = ["Engine", "SamplingParams"]

@@ -11,8 +11,14 @@ as shown, stays in the conversation; when nothing was shown yet the question
 is dropped too. A second Ctrl-C during the same answer quits at once. Ctrl-C
 or Ctrl-D at an empty prompt exits (status 0).
 
-With stdin a terminal, lines are read with prompt_toolkit (editing and
-history); otherwise each line of stdin is one turn or command, read plainly.
+With stdin a terminal, messages are read with prompt_toolkit (editing and
+history); a paste is one message whatever its lines (``prompt_session``), and
+so is a message typed between two ``FENCE`` marks. Otherwise each line of
+stdin is one turn or command, read plainly.
+
+A conversation that outgrows the context loses its oldest turns, whole, the
+system prompt kept (``Chat.fit``, ``conversation.fit_conversation``), said once
+on stderr; ``--no-truncate`` refuses the message instead.
 """
 from __future__ import annotations
 
@@ -23,8 +29,8 @@ import signal
 import sys
 from typing import Iterator
 
-from .common import (add_engine_args, add_sampling_args, budget_arg, check_weaver_use, engine_from_args, fail,
-                     sampling_kwargs)
+from .common import (LOSSLESS, add_engine_args, add_sampling_args, budget_arg, check_weaver_use, engine_from_args,
+                     fail, sampling_kwargs)
 
 HELP = """commands:
   /reset             clear the conversation (the system prompt stays)
@@ -35,12 +41,17 @@ HELP = """commands:
   /help              this list
   /exit, /quit       leave (also Ctrl-D, or Ctrl-C at an empty prompt)
 Ctrl-C during an answer stops it; the part shown stays in the conversation.
-A line starting with // is sent as a message starting with /."""
+A line starting with // is sent as a message starting with /.
+A pasted text is one message, whatever its lines. To type several lines: Alt-Enter (or Esc, Enter)
+starts a new line, or open the message with \"\"\" and close it with \"\"\" (Enter then sends it).
+Piped input: each line is one message or command.
+A conversation that outgrows the context (--n-ctx) loses its oldest turns (said once)."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="tfm-chat", description="Chat with a local GGUF model, decoded speculatively "
-                                 "with a DFlash drafter (output identical to plain decoding).",
+    ap = argparse.ArgumentParser(prog="tfm-chat", description="Chat in the terminal with a local GGUF model (the "
+                                 "default: Qwen2.5-Coder-1.5B-Instruct), decoded speculatively with a DFlash "
+                                 "drafter. " + LOSSLESS,
                                  epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(ap)
     add_sampling_args(ap)
@@ -48,6 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--system", help="system message")
     ap.add_argument("--max-tokens", type=int, default=1024, help="new tokens per answer (default 1024)")
     ap.add_argument("--no-stats", action="store_true", help="do not print the stats line")
+    ap.add_argument("--no-truncate", action="store_true",
+                    help="refuse a message once the conversation outgrows the context (/reset starts afresh), "
+                         "instead of leaving its oldest turns out (the default: the system prompt stays, and "
+                         "room for --max-tokens is kept, at most half the context)")
     return ap.parse_args(argv)
 
 
@@ -132,6 +147,7 @@ class Chat:
         self.last = None                    # GenerationStats of the last answer
         self.total = GenerationStats()      # summed over the session's answers
         self.n_answers = 0
+        self.told_truncation = False        # the line saying that old turns are left out was shown
         self.commands = {"/reset": self.cmd_reset, "/stats": self.cmd_stats, "/temp": self.cmd_temp,
                          "/budget": self.cmd_budget, "/system": self.cmd_system, "/help": self.cmd_help,
                          "/exit": self.cmd_exit, "/quit": self.cmd_exit}
@@ -145,6 +161,8 @@ class Chat:
         text = line.strip()
         if not text:
             return True
+        if "\n" in text:  # a pasted or fenced message: never a command
+            return self.send(line)
         if text.startswith("//"):
             return self.send(line.lstrip()[1:])
         if text.startswith("/"):
@@ -162,10 +180,12 @@ class Chat:
 
         self.history.append({"role": "user", "content": text})
         try:
+            self.fit()
             reply, stopped = answer(self.engine, self.messages(), self.args)
         except ContextOverflowError as e:
             self.history.pop()
-            info(f"error: {e}" + ("\n(/reset starts a new conversation)" if self.history else ""))
+            hint = self.history and self.args.no_truncate
+            info(f"error: {e}" + ("\n(/reset starts a new conversation)" if hint else ""))
             return True
         except ValueError as e:  # e.g. the chat template rejects the conversation
             self.history.pop()
@@ -179,6 +199,26 @@ class Chat:
         add_stats(self.total, self.last)
         self.n_answers += 1
         return True
+
+    def fit(self) -> None:
+        """Leave the oldest turns out of the history when the conversation, with room for the answer
+        (``conversation.answer_room``), outgrows the context; say so the first time. Nothing with
+        ``--no-truncate``. Raises ContextOverflowError when the system prompt and the last message alone
+        do not fit."""
+        from ..conversation import answer_room, fit_conversation
+
+        if self.args.no_truncate:
+            return
+        n_ctx = self.engine.target.n_ctx
+        fitted = fit_conversation(self.messages(), lambda m: len(self.engine.prompt_tokens(m)), n_ctx,
+                                  answer_room(n_ctx, self.args.max_tokens))
+        if not fitted.n_dropped:
+            return
+        del self.history[:fitted.n_dropped]
+        if not self.told_truncation:
+            self.told_truncation = True
+            info(f"(the conversation outgrew the {n_ctx}-token context: its oldest turns are left out from "
+                 "now on; --no-truncate refuses instead)")
 
     # -- commands: each takes the text after the command name ----------------------------
     def cmd_reset(self, arg: str) -> None:
@@ -245,9 +285,47 @@ class Chat:
         return False
 
 
+#: A message typed between two of these (at the start of the first line and the end of the last) may span lines.
+FENCE = '"""'
+
+
+def open_fence(text: str) -> bool:
+    """Whether ``text`` (the line being typed) opens a ``FENCE``-delimited message not yet closed."""
+    body = text.lstrip()
+    return body.startswith(FENCE) and not body[len(FENCE):].rstrip().endswith(FENCE)
+
+
+def unfence(text: str) -> str:
+    """The message of a typed line: the text between the ``FENCE`` marks when it is fenced (one line break
+    after the opening mark and one before the closing mark dropped), else ``text`` itself."""
+    body = text.strip()
+    if len(body) < 2 * len(FENCE) or not (body.startswith(FENCE) and body.endswith(FENCE)):
+        return text
+    inner = body[len(FENCE):-len(FENCE)]
+    inner = inner[1:] if inner.startswith("\n") else inner
+    return inner[:-1] if inner.endswith("\n") else inner
+
+
+def input_pending(event) -> bool:
+    """Whether more keys arrived with the Enter of ``event`` (in the same read, or waiting on stdin): a paste
+    from a terminal without bracketed paste, where the paste's line breaks must not send it in pieces."""
+    import select
+
+    if event.key_processor.input_queue:
+        return True
+    try:
+        return bool(select.select([event.app.input.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, NotImplementedError):  # closed, or an input without a file descriptor
+        return False
+
+
 def prompt_session():
     """A prompt_toolkit session with line editing and in-memory history. Ctrl-C clears a
-    non-empty line and ends the input (EOFError) on an empty one, like Ctrl-D."""
+    non-empty line and ends the input (EOFError) on an empty one, like Ctrl-D.
+
+    Enter sends the line, except: inside a paste (bracketed paste, where the terminal marks it, or keys
+    still arriving with the Enter, where it does not) and inside a ``FENCE``-opened message, where it
+    starts a new line of the same message; Alt-Enter (or Esc, Enter) always starts a new line."""
     import os
 
     # Without cursor-position requests: prompt_toolkit otherwise keeps the terminal in raw mode
@@ -259,6 +337,18 @@ def prompt_session():
     from prompt_toolkit.output import create_output
 
     keys = KeyBindings()
+
+    @keys.add("enter")
+    def _enter(event) -> None:
+        buf = event.current_buffer
+        if input_pending(event) or open_fence(buf.text):
+            buf.insert_text("\n")
+        else:
+            buf.validate_and_handle()
+
+    @keys.add("escape", "enter")
+    def _new_line(event) -> None:
+        event.current_buffer.insert_text("\n")
 
     @keys.add("c-c")
     def _ctrl_c(event) -> None:
@@ -275,10 +365,11 @@ def prompt_session():
 
 
 def tty_lines(session) -> Iterator[str]:
-    """Lines typed at ``session``'s prompt, until Ctrl-D or Ctrl-C at an empty prompt."""
+    """Inputs typed or pasted at ``session``'s prompt (one may span lines; fenced ones unfenced), until Ctrl-D
+    or Ctrl-C at an empty prompt."""
     while True:
         try:
-            yield session.prompt("> ")
+            yield unfence(session.prompt("> ", prompt_continuation=". "))
         except (EOFError, KeyboardInterrupt):
             return
 

@@ -15,6 +15,16 @@ from ..decode.methods import TREE_SHAPES
 from .program import program_name
 
 
+#: What speculative decoding guarantees, for the tools' help texts.
+LOSSLESS = ("Speculative decoding is lossless: at temperature 0 the answer is the target's own greedy decoding "
+            "(up to numerical near-ties, where a batched pass may pick the other of two nearly equal tokens), "
+            "and above 0 it is drawn from the target's own distribution; a good drafter only makes it faster.")
+
+
+#: The tools' context length when --n-ctx is not given, in tokens.
+DEFAULT_N_CTX = 4096
+
+
 def fail(msg: str, code: int = 2) -> None:
     """Print ``prog: error: msg`` and exit without a traceback (``prog``: ``program.program_name()``, e.g.
     "tfm-bench pass" when the tfm-bench command runs the tool)."""
@@ -104,8 +114,8 @@ def budget_arg(text: str) -> int | str:
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
     """--target, --drafter, --no-draft, --budget, --n-ctx, KV types, threads, --no-prompt-cache."""
     ap.add_argument("--target", default=None,
-                    help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in name "
-                         "(default qwen2.5-coder-1.5b-instruct)")
+                    help="target GGUF: a path, hf://owner/repo/file.gguf or a built-in name, fetched with a "
+                         "progress bar when missing (tfm-models list shows them; default qwen2.5-coder-1.5b-instruct)")
     ap.add_argument("--drafter", default="auto", help="DFlash drafter GGUF (path, hub spec or built-in); "
                     "'auto' = the default drafter of the target")
     ap.add_argument("--no-draft", action="store_true", help="plain decoding (no drafter)")
@@ -125,7 +135,9 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--weaver", default=None, metavar="WEAVER.gguf",
                     help="the Weaver of --tree tfm / dartree (tfm-train weaver / tfm-convert --weaver), trained "
                          "for this target")
-    ap.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens (default 4096)")
+    ap.add_argument("--n-ctx", type=int, default=None,
+                    help=f"context length in tokens (default {DEFAULT_N_CTX}; a warning when it is above the "
+                         "context the target was trained for)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0"], help="target KV cache type")
     ap.add_argument("--drafter-kv-type", default="f16", choices=["f16", "q8_0"], help="drafter KV cache type")
     ap.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
@@ -173,12 +185,24 @@ def engine_from_args(args: argparse.Namespace):
 
     try:
         budget = args.budget
-        return Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
-                      n_ctx=args.n_ctx, budget=budget, kv_type=args.kv_type,
-                      drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
-                      n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
-                      greedy_argmax=getattr(args, "greedy_argmax", "auto"),
-                      draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None),
-                      prompt_cache=not getattr(args, "no_prompt_cache", False))
+        engine = Engine(target=args.target, drafter=None if args.no_draft else args.drafter,
+                        n_ctx=DEFAULT_N_CTX if args.n_ctx is None else args.n_ctx, budget=budget, kv_type=args.kv_type,
+                        drafter_kv_type=args.drafter_kv_type, n_threads=args.threads,
+                        n_gpu_layers=0 if args.cpu else -1, tree=args.tree,
+                        greedy_argmax=getattr(args, "greedy_argmax", "auto"),
+                        draft_vocab=getattr(args, "draft_vocab", "auto"), weaver=getattr(args, "weaver", None),
+                        prompt_cache=not getattr(args, "no_prompt_cache", False))
     except (OSError, ValueError, RuntimeError, ModelError) as e:
         fail(str(e))
+    if args.n_ctx is not None:  # the user's choice (the default is below every built-in's training context)
+        warn_past_training(args.n_ctx, engine.target.model)
+    return engine
+
+
+def warn_past_training(n_ctx: int, model) -> None:
+    """One warning line on stderr when ``n_ctx`` (tokens) is above the context the target was trained for
+    (its GGUF's ``context_length``, ``model.n_ctx_train``; nothing when the file does not say)."""
+    n_train = model.n_ctx_train
+    if 0 < n_train < n_ctx:
+        print(f"warning: --n-ctx {n_ctx} is above the {n_train} tokens {model.path.name} was trained for "
+              f"(its context_length): answers may degrade past {n_train} tokens", file=sys.stderr)

@@ -11,7 +11,7 @@ import socket
 import sys
 from urllib.parse import urlsplit
 
-from .common import add_engine_args, check_weaver_use, engine_from_args, fail
+from .common import LOSSLESS, add_engine_args, check_weaver_use, engine_from_args, fail
 
 #: Default request body limit: far above any prompt that fits a context (a 128k-token prompt is
 #: about 0.5 MB of text), far below what a flood of bodies would cost in memory.
@@ -31,7 +31,7 @@ def origin_arg(text: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="tfm-serve", description="Serve a local GGUF model through an "
                                  "OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models), "
-                                 "decoded speculatively with a DFlash drafter.")
+                                 "decoded speculatively with a DFlash drafter. " + LOSSLESS)
     add_engine_args(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
@@ -45,6 +45,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cors-origin", action="append", type=origin_arg, default=[], metavar="ORIGIN",
                     help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) call the API from a "
                          "browser (CORS); repeat for several (default: none)")
+    ap.add_argument("--no-truncate", action="store_true",
+                    help="refuse (400 context_length_exceeded) a chat request whose conversation leaves no room "
+                         "for the answer, instead of leaving its oldest turns out (the default: the leading system "
+                         "messages and the last turn stay, max_tokens of room is kept, at most half the context; "
+                         "the answer then carries X-TFM-Dropped-Messages and usage.tfm.dropped_messages)")
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="server log level (default info: one line per request)")
     return ap.parse_args(argv)
@@ -87,7 +92,7 @@ def main(argv=None) -> None:
     engine = engine_from_args(args)
     name = args.model_name or engine.target.model.path.stem
     app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                     cors_origins=args.cors_origin)
+                     cors_origins=args.cors_origin, truncate=not args.no_truncate)
     host, port = sock.getsockname()[:2]
     print(f"tfm-serve: {name} on http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)

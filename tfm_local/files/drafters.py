@@ -37,6 +37,23 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"  # tfm_local/assets: the
 SHIPPED = {
     "d5cde8a7e219b5f2": "qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf",
 }
+#: shipped drafter → the built-in target (``models.BUILTIN_MODELS``) it was trained for
+SHIPPED_FOR = {
+    "qwen2.5-coder-1.5b-instruct.dflash-L3-q4_0.novocab.gguf": "qwen2.5-coder-1.5b-instruct",
+}
+
+
+def drafter_name(asset: str) -> str:
+    """The name of a shipped drafter (``tfm-models``): its file name without ``.gguf`` and ``.novocab``."""
+    return asset.removesuffix(".gguf").removesuffix(".novocab")
+
+
+def prepared_copies(name: str) -> list[Path]:
+    """The files in the cache built from the drafter called ``name`` (``drafter_name``, or "random-L…" for
+    the random-init ones): its copies with a vocabulary or a draft vocabulary attached, which are built
+    again when needed."""
+    folder = cache_dir("drafters", create=False)
+    return sorted(p for p in folder.glob(f"{name}-*.gguf")) if folder.is_dir() else []
 
 
 def _file_key(path: Path) -> str:
@@ -93,8 +110,25 @@ def random_drafter_for(target: Path) -> Path:
         print(f"tfm-local: no trained drafter for {target.name}; creating a random-init DFlash drafter "
               f"(low acceptance) at {out}", file=sys.stderr)
         out.parent.mkdir(parents=True, exist_ok=True)
-        init_random(target, out, layers=RANDOM_LAYERS, seed=0)
+        init_random(target, out, layers=RANDOM_LAYERS, seed=0, mask_token=_random_mask_token(target))
     return out
+
+
+def _random_mask_token(target: Path) -> int | None:
+    """The MASK id of a random drafter for ``target``: None (the converter's pick: the first UNUSED token)
+    when the vocabulary has an UNUSED token; else its last CONTROL token that is none of the tokenizer's
+    named special tokens (BOS, EOS, padding...), as SmolLM2's vocabulary offers; else its last id. A random
+    drafter's MASK only has to be a valid id: its drafts are rarely accepted whatever it is."""
+    import gguf
+    import numpy as np
+    from tfm_convert.target_info import read_target_info
+
+    info = read_target_info(target)
+    if info.unused_token_ids():
+        return None
+    control = [int(i) for i in np.flatnonzero(info.token_types == int(gguf.TokenType.CONTROL))
+               if int(i) not in info.special_ids]
+    return control[-1] if control else info.n_vocab - 1
 
 
 def with_vocab(drafter: Path, target: Path) -> Path:

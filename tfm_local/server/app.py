@@ -15,6 +15,14 @@ prefilled again: one slot, so another conversation simply replaces it) and
 ``tfm``: the speculative decoding statistics of the generation (τ, tokens/s,
 time split, the draft budget mode). ``completion_tokens`` counts every token
 the target emitted, an end-of-generation token included.
+
+A chat conversation that outgrows the context loses its oldest turns, whole
+(``conversation.fit_conversation``; the leading system messages and the last
+turn stay, and ``conversation.answer_room`` tokens are left for the answer):
+the answer then carries the header ``X-TFM-Dropped-Messages: N`` and
+``usage.tfm.dropped_messages`` N (0 otherwise). With ``truncate=False``
+(``tfm-serve --no-truncate``) nothing is left out and a conversation that
+leaves no room for the answer is a 400 ``context_length_exceeded``.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from ..conversation import ConversationTooLong, answer_room
 from ..decode.stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
 from .logprobs import chat_logprobs, completion_logprobs
@@ -37,19 +46,25 @@ from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
 
 
+#: Response header naming how many of a chat request's messages (its oldest turns) were left out.
+DROPPED_HEADER = "X-TFM-Dropped-Messages"
+
+
 class Service:
-    """What the routes share: the runner, the model id, the context size, and whether the chat template
-    renders tool use (``tools_ok``).
+    """What the routes share: the runner, the model id, the context size, whether the chat template
+    renders tool use (``tools_ok``) and whether old turns are left out of a long conversation.
 
     Args:
         engine: a loaded Engine (closed by the app's shutdown).
         model_name: the id reported by /v1/models and required in requests.
+        truncate: leave the oldest turns out of a chat that outgrows the context (else refuse it).
     """
 
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine, model_name: str, truncate: bool = True):
         self.runner = EngineRunner(engine)
         self.tok = engine.tok
         self.model_name = model_name
+        self.truncate = truncate
         self.n_ctx = engine.target.n_ctx
         self.created = int(time.time())
         self.budget = "auto" if engine.auto is not None else engine.budget
@@ -107,15 +122,39 @@ class Service:
             raise APIError(400, f"'{param}' holds no tokens; send some text.", param=param, code="invalid_value")
         room = self.n_ctx - n_prompt
         if room < 1:
+            hint = (" (this server was started with --no-truncate: without it, the oldest turns would be left "
+                    "out)") if param == "messages" and not self.truncate else ""
             raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; '{param}' came to "
-                           f"{n_prompt} tokens, and at least 1 must be left for the answer. Shorten '{param}'.",
-                           param=param, code="context_length_exceeded")
+                           f"{n_prompt} tokens, and at least 1 must be left for the answer. Shorten '{param}'"
+                           f"{hint}.", param=param, code="context_length_exceeded")
         return room if limit is None else min(limit, room)
 
+    async def fit_chat(self, messages: list[dict], limit: int | None) -> tuple[list[dict], int]:
+        """``messages`` without the oldest turns that do not fit with room for the answer (``limit``
+        tokens, or ``conversation.answer_room``'s share when None), and how many messages were left out;
+        ``messages`` unchanged and 0 when the service does not truncate.
+
+        Raises a 400 (code context_length_exceeded) when the system messages and the last turn alone
+        leave no room for the answer; a 400 when the template rejects the messages.
+        """
+        if not self.truncate:
+            return messages, 0
+        try:
+            fitted = await self.runner.fit(messages, answer_room(self.n_ctx, limit))
+        except ConversationTooLong as e:
+            what = "the system messages and the last turn of 'messages'" if e.n_dropped else "'messages'"
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; {what} came to "
+                           f"{e.n_tokens} tokens, and at least 1 must be left for the answer. Shorten the last "
+                           "message.", param="messages", code="context_length_exceeded") from None
+        except ValueError as e:  # ChatTemplateError
+            raise APIError(400, str(e), param="messages", code="invalid_value") from None
+        return fitted.messages, fitted.n_dropped
+
     # -- responses ----------------------------------------------------------------------
-    def usage(self, stats: GenerationStats) -> dict:
+    def usage(self, stats: GenerationStats, dropped: int = 0) -> dict:
         """OpenAI usage counts (the prompt's cached tokens in ``prompt_tokens_details``) plus ``tfm``: τ,
-        tokens/s, seconds (prefill, draft, verify, total), budget."""
+        tokens/s, seconds (prefill, draft, verify, total), budget, and ``dropped_messages`` (the oldest
+        messages of the conversation left out, ``fit_chat``)."""
         return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
                 "total_tokens": stats.n_prompt + stats.n_generated,
                 "prompt_tokens_details": {"cached_tokens": stats.n_cached},
@@ -123,7 +162,7 @@ class Service:
                         "prefill_s": round(stats.t_prefill, 6), "draft_s": round(stats.t_draft, 6),
                         "verify_s": round(stats.t_verify, 6), "total_s": round(stats.t_total, 6),
                         "drafted_tokens": stats.n_drafted, "verify_passes": stats.n_steps,
-                        "budget": self.budget, "tree": self.tree}}
+                        "budget": self.budget, "tree": self.tree, "dropped_messages": dropped}}
 
     async def run(self, request: Request, prompt, max_tokens: int,
                   kwargs: dict) -> tuple[str, GenerationStats, list] | None:
@@ -154,18 +193,21 @@ def _new_id(prefix: str) -> str:
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_body_bytes: int | None = None,
-               cors_origins: Sequence[str] = ()) -> FastAPI:
+               cors_origins: Sequence[str] = (), truncate: bool = True) -> FastAPI:
     """The FastAPI application serving ``engine`` as model ``model_name``.
 
+    ``truncate``: a chat conversation that outgrows the context loses its oldest turns (the module doc);
+    False refuses it (a 400 when it leaves no room for the answer).
     ``api_key``: when set, /v1 paths need ``Authorization: Bearer <api_key>``.
     ``max_body_bytes``: when set, a request body over this many bytes is a 413 error, refused from
     its Content-Length before it is read, or once the bytes read pass the limit (chunked bodies).
     ``cors_origins``: web origins (``"http://localhost:3000"``, ``"*"``) whose pages may call the API
-    from a browser (Starlette's CORSMiddleware: GET and POST, any request header, no cookies);
+    from a browser (Starlette's CORSMiddleware: GET and POST, any request header, no cookies, the
+    dropped-messages header readable);
     preflight requests need no key, and every answer, errors included, carries the CORS headers.
     The app closes the Engine at shutdown (after the running generation ends).
     """
-    svc = Service(engine, model_name)
+    svc = Service(engine, model_name, truncate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -182,7 +224,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         app.add_middleware(BearerAuth, api_key=api_key)
     if cors_origins:  # added last: outermost, so it answers preflights and marks the 401 / 413 answers too
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"])
+                           allow_headers=["*"], expose_headers=[DROPPED_HEADER])
 
     def model_card() -> dict:
         return {"id": svc.model_name, "object": "model", "created": svc.created, "owned_by": "tfm-local",
@@ -214,8 +256,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         req = await parse_body(request, ChatRequest)
         svc.check_model(req.model)
         svc.check_supported(req)
-        messages = template_messages(req.messages, svc.tools_ok)
+        messages, dropped = await svc.fit_chat(template_messages(req.messages, svc.tools_ok), req.token_limit())
         max_tokens = await svc.token_budget(messages, req.token_limit(), "messages")
+        headers = {DROPPED_HEADER: str(dropped)} if dropped else {}
         kwargs = req.sampling_kwargs()
         cid, created = _new_id("chatcmpl"), int(time.time())
         with_logprobs = kwargs["logprobs"] is not None
@@ -240,17 +283,18 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                         yield chunk({"content": piece}, None, gen.new_records())
                 yield chunk({}, gen.stats.finish_reason, gen.new_records())
                 if req.include_usage():
-                    yield {**chunk({}, None), "choices": [], "usage": svc.usage(gen.stats)}
-            return ClosingEventSourceResponse(sse_body(chunks()))
+                    yield {**chunk({}, None), "choices": [], "usage": svc.usage(gen.stats, dropped)}
+            return ClosingEventSourceResponse(sse_body(chunks()), headers=headers)
 
         done = await svc.run(request, messages, max_tokens, kwargs)
         if done is None:
             return JSONResponse({}, status_code=499)  # nobody is listening
         text, stats, records = done
-        return {"id": cid, "object": "chat.completion", "created": created, "model": svc.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                             "logprobs": logprobs(records), "finish_reason": stats.finish_reason}],
-                "usage": svc.usage(stats)}
+        return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_name,
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                                                                  "refusal": None},
+                                          "logprobs": logprobs(records), "finish_reason": stats.finish_reason}],
+                             "usage": svc.usage(stats, dropped)}, headers=headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

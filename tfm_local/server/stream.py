@@ -140,6 +140,19 @@ class EngineRunner:
         """
         return await anyio.to_thread.run_sync(self._live().prompt_tokens, prompt)
 
+    async def fit(self, messages: list[dict], reserve: int):
+        """``conversation.fit_conversation`` of ``messages`` in this Engine's context, leaving ``reserve``
+        tokens for the answer; in a worker thread, without the lock (it only tokenizes, as
+        ``prompt_tokens``). Returns a ``conversation.Fitted``.
+
+        Raises ConversationTooLong (the last turn alone does not fit), ValueError (ChatTemplateError).
+        """
+        from ..conversation import fit_conversation
+
+        engine = self._live()
+        return await anyio.to_thread.run_sync(fit_conversation, messages, lambda m: len(engine.prompt_tokens(m)),
+                                              engine.target.n_ctx, reserve)
+
     @asynccontextmanager
     async def generation(self, prompt: str | list[dict], max_tokens: int, **kwargs) -> AsyncIterator[Generation]:
         """Hold the Engine for one generation: ``async with runner.generation(...) as gen: async for piece in gen``.
