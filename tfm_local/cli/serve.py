@@ -94,8 +94,9 @@ def main(argv=None) -> None:
     app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      cors_origins=args.cors_origin, truncate=not args.no_truncate)
     host, port = sock.getsockname()[:2]
-    print(f"tfm-serve: {name} on http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
-          f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
+    base = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+    print(f"tfm-serve: {name} on {base}/v1{' (API key required)' if args.api_key else ''}; chat page: {base}/",
+          file=sys.stderr, flush=True)
     try:
         serve(app, sock, log_level=args.log_level)  # returns on SIGTERM or Ctrl-C, after a graceful stop
     finally:

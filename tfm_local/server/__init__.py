@@ -4,7 +4,9 @@
 (app.py: routes; schemas.py: request bodies; messages.py: chat messages
 for the template, tool use; errors.py: OpenAI error bodies; middleware.py:
 API key and body limit; stream.py: one generation at a time, worker
-threads, SSE; logprobs.py: per-token log-probabilities in OpenAI's shapes). ``serve(app, sock)`` runs it under uvicorn and stops
+threads, SSE; logprobs.py: per-token log-probabilities in OpenAI's shapes; report.py: the decoding
+statistics reported, ``usage.tfm`` and ``x_tfm``; page.py: the chat page at ``/``, files in static/).
+``serve(app, sock)`` runs it under uvicorn and stops
 gracefully on SIGTERM or Ctrl-C (run.py). The command line is
 ``tfm_local/cli/serve.py``.
 """

@@ -13,8 +13,11 @@ token's log-probability under the target in OpenAI's shapes (logprobs.py).
 (the prompt tokens the Engine's prompt cache kept from the last request, not
 prefilled again: one slot, so another conversation simply replaces it) and
 ``tfm``: the speculative decoding statistics of the generation (τ, tokens/s,
-time split, the draft budget mode). ``completion_tokens`` counts every token
-the target emitted, an end-of-generation token included.
+the speed-up over plain decoding, time split, the draft budget mode).
+``completion_tokens`` counts every token the target emitted, an
+end-of-generation token included. Streamed chunks carry the extension field
+``x_tfm`` (report.py): on the finishing chunk, and on every text chunk with
+``stream_options.x_tfm_live``. ``GET /`` is the chat page (page.py).
 
 A chat conversation that outgrows the context loses its oldest turns, whole
 (``conversation.fit_conversation``; the leading system messages and the last
@@ -42,6 +45,8 @@ from .errors import APIError, install_handlers, validation_error
 from .logprobs import chat_logprobs, completion_logprobs
 from .middleware import BearerAuth, BodyLimit
 from .messages import template_messages, template_renders_tools
+from .page import add_page_routes
+from .report import live_stats, plain_step_s
 from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
 
@@ -68,7 +73,8 @@ class Service:
         self.n_ctx = engine.target.n_ctx
         self.created = int(time.time())
         self.budget = "auto" if engine.auto is not None else engine.budget
-        self.tree = engine.tree_mode if engine.active_drafter is not None or engine.auto is not None else "plain"
+        self.plain_only = engine.active_drafter is None and engine.auto is None  # every step a plain step
+        self.tree = "plain" if self.plain_only else engine.tree_mode
         self.tools_ok = template_renders_tools(engine.target.model.meta("tokenizer.chat_template"))
 
     # -- checks made before a request queues --------------------------------------------
@@ -151,14 +157,23 @@ class Service:
         return fitted.messages, fitted.n_dropped
 
     # -- responses ----------------------------------------------------------------------
+    def x_tfm(self, stats: GenerationStats) -> dict:
+        """The ``x_tfm`` statistics (report.py) of a generation so far; read between pieces."""
+        engine = self.runner.engine
+        plain_s = plain_step_s(engine) if engine is not None and not self.plain_only else None
+        return live_stats(stats, plain_s, self.plain_only)
+
     def usage(self, stats: GenerationStats, dropped: int = 0) -> dict:
         """OpenAI usage counts (the prompt's cached tokens in ``prompt_tokens_details``) plus ``tfm``: τ,
-        tokens/s, seconds (prefill, draft, verify, total), budget, and ``dropped_messages`` (the oldest
-        messages of the conversation left out, ``fit_chat``)."""
+        tokens/s, the speed-up over plain decoding and plain decoding's tokens/s (report.py), seconds
+        (prefill, draft, verify, total), budget, and ``dropped_messages`` (the oldest messages of the
+        conversation left out, ``fit_chat``)."""
+        x = self.x_tfm(stats)
         return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
                 "total_tokens": stats.n_prompt + stats.n_generated,
                 "prompt_tokens_details": {"cached_tokens": stats.n_cached},
                 "tfm": {"tau": round(stats.tau, 4), "tokens_per_s": round(stats.tokens_per_s, 2),
+                        "speedup": x["speedup"], "plain_tokens_per_s": x["plain_tokens_per_s"],
                         "prefill_s": round(stats.t_prefill, 6), "draft_s": round(stats.t_draft, 6),
                         "verify_s": round(stats.t_verify, 6), "total_s": round(stats.t_total, 6),
                         "drafted_tokens": stats.n_drafted, "verify_passes": stats.n_steps,
@@ -218,6 +233,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                   lifespan=lifespan)
     app.state.service = svc
     install_handlers(app)
+    add_page_routes(app)
     if max_body_bytes is not None:  # inside BearerAuth: a request without the key is a 401 whatever its size
         app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key:
@@ -276,12 +292,17 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
             return c
 
         if req.stream:
+            live = req.live_stats()
+
             async def chunks():
                 async with svc.runner.generation(messages, max_tokens, **kwargs) as gen:
                     yield chunk({"role": "assistant", "content": ""}, None)
                     async for piece in gen:
-                        yield chunk({"content": piece}, None, gen.new_records())
-                yield chunk({}, gen.stats.finish_reason, gen.new_records())
+                        c = chunk({"content": piece}, None, gen.new_records())
+                        if live:
+                            c["x_tfm"] = svc.x_tfm(gen.running)
+                        yield c
+                yield {**chunk({}, gen.stats.finish_reason, gen.new_records()), "x_tfm": svc.x_tfm(gen.stats)}
                 if req.include_usage():
                     yield {**chunk({}, None), "choices": [], "usage": svc.usage(gen.stats, dropped)}
             return ClosingEventSourceResponse(sse_body(chunks()), headers=headers)
@@ -319,11 +340,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
             return c
 
         if req.stream:
+            live = req.live_stats()
+
             async def chunks():
                 async with svc.runner.generation(prompt, max_tokens, **kwargs) as gen:
                     async for piece in gen:
-                        yield chunk(piece, None, gen.new_records())
-                yield chunk("", gen.stats.finish_reason, gen.new_records())
+                        c = chunk(piece, None, gen.new_records())
+                        if live:
+                            c["x_tfm"] = svc.x_tfm(gen.running)
+                        yield c
+                yield {**chunk("", gen.stats.finish_reason, gen.new_records()), "x_tfm": svc.x_tfm(gen.stats)}
                 if req.include_usage():
                     yield {**chunk("", None), "choices": [], "usage": svc.usage(gen.stats)}
             return ClosingEventSourceResponse(sse_body(chunks()))

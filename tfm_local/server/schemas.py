@@ -54,9 +54,12 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices)."""
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage (and no choices);
+    ``x_tfm_live`` (an extension) puts the running decoding statistics, ``x_tfm`` (report.py), on every
+    chunk that carries text."""
 
     include_usage: bool = False
+    x_tfm_live: bool = False
 
 
 class TextPart(_Body):
@@ -124,6 +127,10 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         """True when a streamed answer ends with a usage chunk."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def live_stats(self) -> bool:
+        """True when every streamed chunk with text carries ``x_tfm`` (``stream_options.x_tfm_live``)."""
+        return bool(self.stream and self.stream_options and self.stream_options.x_tfm_live)
 
     def unsupported(self) -> str | None:
         """Name of the first field set to a value this server cannot honour, else None."""

@@ -55,7 +55,8 @@ class Generation:
     """The text pieces of one running generation, as an async iterator.
 
     ``stats`` is the Engine's GenerationStats once the iterator is exhausted
-    (None before); ``stats.finish_reason`` is "stop" or "length".
+    (None before); ``stats.finish_reason`` is "stop" or "length". ``running``
+    is the same object while the generation runs (read it between pieces).
     """
 
     def __init__(self, runner: "EngineRunner", engine, pieces: Iterator[str]):
@@ -72,6 +73,12 @@ class Generation:
 
     def __aiter__(self) -> "Generation":
         return self
+
+    @property
+    def running(self) -> GenerationStats:
+        """The generation's statistics so far (the Engine's ``stats``; valid once a piece was pulled, and
+        read while no step runs: between pieces)."""
+        return self._engine.stats
 
     async def __anext__(self) -> str:
         if self._runner.stopping:
