@@ -10,6 +10,8 @@ the engine calls it once per step):
                the selector as DARTree's path scorer
 - ``verify``   the target: prefill, one-pass verification of a tree (a chain is a tree) giving the
                target's choice per node, commit of the accepted path, layer features (``Target``)
+- ``verdict``  what a verification returns: the tree's shape checked, the logits rows in node order,
+               each node's choice (``Verdict``)
 - ``accept``   the lossless acceptance walk over the verified tree
 - ``step``     one step, draft → tree → verify → accept → commit, and the ``StepRecord`` it returns
 - ``budget``   the automatic budget: how many drafted tokens to verify per step, from measured costs
