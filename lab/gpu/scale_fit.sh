@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 50 on one GPU (2026-12-05): a corpus of new data, a fit warm-started from the shipped drafter
+# One GPU: a corpus of new data, a fit warm-started from the shipped drafter
 # measured as the engine does, then the walk and (optionally) tfm-bench of both drafters.
 # Run detached after setup.sh and join.sh:
 #   setsid nohup bash ~/repo/lab/gpu/scale_fit.sh > ~/st/scale.log 2>&1 < /dev/null &
