@@ -339,6 +339,10 @@ def main(argv=None) -> None:
     # (``Engine.weaver_ms``), else where a TfM tree does
     dartree = args.weaver and any(m.tree == "dartree" for m in modes)
     args.tree, args.budget = "dartree" if dartree else "chain", (None if spec else 0)
+    # every mode prefills its prompt cold (no prompt cache): plain and speculative decoding then start
+    # from the same cache bits (a warm prefill of a prompt's last tokens rounds otherwise) and pay the
+    # same prefill, which the end-to-end speed counts
+    args.no_prompt_cache = True
     engine = engine_from_args(args)
     if spec and engine.drafter is None:
         fail(f"mode(s) {', '.join(spec)} need a drafter, and none was loaded")
