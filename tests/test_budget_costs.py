@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfm_local.decode.budget import PassCosts
+from tfm_local.decode.budget import DraftCosts, PassCosts
 
 def test_pass_costs_interpolate_and_extrapolate():
     c = PassCosts(alpha=0.5)
@@ -54,3 +54,21 @@ def test_pass_costs_never_fall_with_the_pass_size():
     c.record(4, 0.25)
     c.record(6, 0.4)
     np.testing.assert_allclose(c.estimate(np.array([1, 2, 3, 4, 5, 6, 8])), [0.2, 0.3, 0.3, 0.3, 0.35, 0.4, 0.4])
+
+
+def test_draft_costs_price_an_unmeasured_shallower_depth_as_half_fixed_half_rows():
+    """Below the smallest depth measured a drafter pass is priced s_min · (1 + (d+1)/(d_min+1)) / 2 (a
+    prior, cheaper than the measured depth and never free); measured depths price themselves, with the
+    target's interpolation between them."""
+    c = DraftCosts(alpha=0.5)
+    assert c.estimate(3) is None
+    c.record(7, 0.024)
+    c.record(7, 0.024)
+    assert c.estimate(7) == pytest.approx(0.024) and c.estimate(15) == pytest.approx(0.024)
+    assert c.estimate(3) == pytest.approx(0.024 * (1 + 4 / 8) / 2) and c.estimate(1) == pytest.approx(0.015)
+    assert 0.012 < c.estimate(0) < c.estimate(1) < c.estimate(3) < c.estimate(7)
+    c.record(3, 0.017)
+    c.record(3, 0.017)
+    assert c.estimate(3) == pytest.approx(0.017) and c.estimate(5) == pytest.approx(0.0205)
+    assert c.estimate(1) == pytest.approx(0.017 * (1 + 2 / 4) / 2)
+    np.testing.assert_allclose(c.estimate(np.array([3, 5])), [0.017, 0.0205])

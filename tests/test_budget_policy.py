@@ -301,3 +301,41 @@ def test_a_generations_first_speculative_step_weighs_as_a_probe():
     assert a1 == pytest.approx(0.7 * a0) and auto.gain.curve[-1] == pytest.approx(WEAK[-1])  # a probe's weights
     step()
     assert auto.gain.accepted == pytest.approx(0.97 * a1)  # the running weight (0.03) from the second step on
+
+
+def test_on_the_cpu_a_step_drafts_just_past_its_budget_and_is_priced_by_its_depth():
+    """The CPU profile drafts ``draft_ahead`` (2) nodes past the budget and prices each budget's drafting
+    at that depth (``DraftCosts``); the GPU profile drafts to the block's end at one cost. With the costs
+    of the 2-core CPU (a 1-token pass 66 ms, 4 tokens 90 ms; the drafter 17 ms at depth 3, 39 ms for the
+    whole block) and a chat-like drafter (55% acceptance per position), a shallow chain pays; priced at
+    the whole block's drafting cost, as before, no budget beats plain decoding by the margin."""
+    costs = PassCosts()
+    for n, s in [(1, 0.066), (2, 0.077), (4, 0.090), (8, 0.129), (16, 0.206)]:
+        costs.record(n, s)
+        costs.record(n, s)
+    curve = gain_curve(np.log(np.full(15, 0.55)) * np.arange(1, 16), 15)
+    cpu, gpu = policy(costs=costs), policy(costs=costs, gpu=True)
+    assert cpu.config.draft_ahead == 2 and gpu.config.draft_ahead is None
+    assert list(cpu.depth(np.array([1, 3, 13, 15]), 15)) == [3, 5, 15, 15] and gpu.depth(3, 15) == 15
+    for auto in (cpu, gpu):
+        auto.gain.curve, auto.gain.depth = curve, 15
+    cpu.draft_s = 0.039  # one cost at every depth: the whole block's
+    assert cpu.drafting(15) == 0.039 and cpu._decide(15) == 0
+    for d, s in [(3, 0.017), (5, 0.0185), (15, 0.039)]:  # measured by depth (as observe_spec records them)
+        cpu.draft_costs.record(d, s)
+        cpu.draft_costs.record(d, s)
+    cpu._plain_kept = 0  # the "plain wins" just decided is not kept (a study's restart)
+    b = cpu._decide(15)
+    assert 1 <= b <= 4
+    np.testing.assert_allclose(cpu.drafting(15)(np.array([1, 3, 13])), [0.017, 0.0185, 0.039])
+    plan = cpu.plan(15)
+    assert plan.budget == b and plan.depth == b + 2 and not plan.probe
+
+
+def test_a_speculative_step_records_its_drafting_cost_at_the_depth_it_drafted():
+    auto = policy(costs=LinearCosts(0.035, 0.06))
+    auto.observe_spec(6, 0.3, 0.020, WEAK, 4, 1, depth=6)
+    auto.observe_spec(6, 0.3, 0.020, WEAK, 4, 1, depth=6)
+    auto.observe_spec(4, 0.2, 0.012, WEAK, 3, 1)  # no depth: the budget's
+    assert auto.draft_costs.estimate(6) == pytest.approx(0.020) and auto.draft_costs.known(3)
+    assert auto.draft_s is not None

@@ -2,7 +2,8 @@
 costs and the drafter's predicted acceptance (docs/design.md §5).
 
 - ``config``  ``BudgetConfig``, the frozen tuning, and its ``CPU`` and ``GPU`` profiles
-- ``costs``   running costs and the target's pass costs by size (``PassCosts``)
+- ``costs``   running costs, the target's pass costs by size (``PassCosts``), the drafter's by depth
+              (``DraftCosts``)
 - ``gain``    the gain curve, its calibration (``GainModel``) and the predicted rate (``best_budget``)
 - ``probes``  when to probe the drafter while plain decoding wins, and what a probe cycle costs
 - ``policy``  ``BudgetPolicy``: ``plan(k_max, remaining) -> StepPlan`` per step, ``observe(StepRecord)``,
@@ -11,11 +12,11 @@ costs and the drafter's predicted acceptance (docs/design.md §5).
 How the rules and values came to be: docs/notebook/budget-history.md.
 """
 from .config import CPU, GPU, GPU_SIZES, BudgetConfig, overrides
-from .costs import OUTLIER, PROBE_OUTLIER, PassCosts, running_cost
-from .gain import GainModel, best_budget, extrapolate, gain_curve, predicted_rate
+from .costs import OUTLIER, PROBE_OUTLIER, DraftCosts, PassCosts, running_cost
+from .gain import GainModel, best_budget, draft_seconds, extrapolate, gain_curve, predicted_rate
 from .policy import SYNCED, BudgetPolicy, StepPlan
 from .probes import ProbeSchedule
 
 __all__ = ["CPU", "GPU", "GPU_SIZES", "OUTLIER", "PROBE_OUTLIER", "SYNCED", "BudgetConfig", "BudgetPolicy",
-           "GainModel", "PassCosts", "ProbeSchedule", "StepPlan", "best_budget", "extrapolate", "gain_curve",
-           "overrides", "predicted_rate", "running_cost"]
+           "DraftCosts", "GainModel", "PassCosts", "ProbeSchedule", "StepPlan", "best_budget", "draft_seconds",
+           "extrapolate", "gain_curve", "overrides", "predicted_rate", "running_cost"]

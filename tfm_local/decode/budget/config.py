@@ -57,6 +57,10 @@ class BudgetConfig:
             came early are added to the next gap). Off where injecting a prompt costs a drafter pass over it.
         measured_depth: the running gain curve remembers how deep it was measured; the first deeper
             curve replaces a probe's extrapolation beyond that depth instead of being blended into it.
+        draft_ahead: how many nodes beyond its budget a speculative step drafts (its gain curve is
+            measured that deep, extrapolated beyond), and the drafting priced by depth (``DraftCosts``);
+            None: to the block's end (the budget's ceiling) at one drafting cost, where a drafter pass
+            costs the same at any depth (a GPU). On a CPU a shallow draft costs a fraction of a full block.
     """
 
     first_probe: int = 7
@@ -80,6 +84,7 @@ class BudgetConfig:
     steady_costs: bool = False
     probe_at_start: bool = False
     measured_depth: bool = True
+    draft_ahead: int | None = None
 
     def budgets(self, k_max: int) -> np.ndarray:
         """The budgets a speculative step may take, up to ``k_max`` (int64 ``[m]``, ascending; empty when
@@ -97,13 +102,15 @@ class BudgetConfig:
         return int(allowed[-1]) if len(allowed) else 0
 
 
-#: The CPU's profile: every pass size, probes drafted only as deep as their budget.
-CPU = BudgetConfig()
+#: The CPU's profile: every pass size, each step drafted two nodes beyond its budget (probes only as deep
+#: as their budget) and priced by its depth.
+CPU = BudgetConfig(draft_ahead=2)
 
 #: A GPU's profile: passes of ``GPU_SIZES`` nodes, a budget kept while within 3% of the best, costs of
-#: steady passes only, a probe's curve taken whole, futility judged after 8 cycles, probes at answers' start.
+#: steady passes only, a probe's curve taken whole, futility judged after 8 cycles, probes at answers' start,
+#: every step drafted to the block's end.
 GPU = replace(CPU, sizes=GPU_SIZES, size_keep=0.97, steady_costs=True, probe_at_start=True, curve_probe=1.0,
-              futile_after=8)
+              futile_after=8, draft_ahead=None)
 
 
 def overrides(items: list[str]) -> dict:

@@ -1,4 +1,5 @@
-"""Measured costs: running means that forget a cold first sample, and the target's pass costs by size.
+"""Measured costs: running means that forget a cold first sample, the target's pass costs by size and
+the drafter's step costs by draft depth.
 
 ``c(n)``, the seconds of one target pass over n tokens, is measured on this machine as the engine runs
 (``PassCosts``): a running mean per n, piecewise-linear in between, extended with the slope of the last
@@ -93,6 +94,31 @@ class PassCosts:
         if len(xs) >= 2:
             slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
             out = np.where(q > xs[-1], ys[-1] + slope * (q - xs[-1]), out)
+        return float(out) if np.ndim(out) == 0 else out
+
+
+class DraftCosts(PassCosts):
+    """Measured seconds of the drafter's part of a speculative step by the depth it drafted (the block rows
+    after the root, which is the tree's planned node count ``StepPlan.depth`` for every method: a tree of
+    d nodes is at most d deep).
+
+    As ``PassCosts`` (``record(d, s)``, ``estimate(d)``), except below the smallest depth measured: a
+    drafter pass there is priced as half a fixed cost and half rows, ``s_min · (1 + (d + 1) / (d_min + 1))
+    / 2``, not as the smallest depth's whole cost. On a CPU the drafter's pass costs grow with its rows
+    (block and head rows), and pricing a shallower draft as dear as the first one measured would keep
+    the budget from ever trying, and so measuring, the shallow drafts that pay; the first shallow step
+    replaces the prior with its measurement.
+    """
+
+    def estimate(self, n: int | np.ndarray) -> float | np.ndarray | None:
+        """Estimated seconds of drafting ``n`` deep (scalar or array); None before any record."""
+        out = super().estimate(n)
+        if out is None:
+            return None
+        d0 = min(self._mean)
+        q = np.asarray(n, dtype=np.float64)
+        below = self._mean[d0] * (1.0 + (q + 1.0) / (d0 + 1.0)) / 2.0
+        out = np.where(q < d0, below, out)
         return float(out) if np.ndim(out) == 0 else out
 
 

@@ -70,20 +70,26 @@ def blend(old: np.ndarray | None, new: np.ndarray, a: float, depth: int | None =
     return out
 
 
-def predicted_rate(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: float, b) -> np.ndarray:
+def draft_seconds(draft_s, b) -> float | np.ndarray:
+    """The drafting seconds of a step with budgets ``b``: ``draft_s`` itself when it is a number (one cost
+    at every budget), else ``draft_s(b)`` (a function of the budgets array, ``BudgetPolicy.drafting``)."""
+    return draft_s(np.asarray(b, dtype=np.int64)) if callable(draft_s) else draft_s
+
+
+def predicted_rate(costs: PassCosts, draft_s, curve: np.ndarray, ratio: float, b) -> np.ndarray:
     """Predicted tokens per second of budgets ``b`` (int, scalar or ``[m]`` ≥ 1): ``(1 + r·g(B)) /
-    (c(B+1) + d)`` (docs/design.md §5)."""
+    (c(B+1) + d(B))`` (docs/design.md §5); ``draft_s``: d, seconds or a function of B (``draft_seconds``)."""
     b = np.asarray(b, dtype=np.int64)
-    return (1.0 + ratio * np.asarray(curve)[b - 1]) / (np.asarray(costs.estimate(b + 1)) + draft_s)
+    return (1.0 + ratio * np.asarray(curve)[b - 1]) / (np.asarray(costs.estimate(b + 1)) + draft_seconds(draft_s, b))
 
 
-def best_budget(costs: PassCosts, draft_s: float, curve: np.ndarray, ratio: float, k_max: int,
+def best_budget(costs: PassCosts, draft_s, curve: np.ndarray, ratio: float, k_max: int,
                 margin: float = 1.03, speculative_only: bool = False, budgets: np.ndarray | None = None) -> int:
     """The budget in 0..``k_max`` with the highest predicted tokens per second.
 
     Args:
         costs: measured pass costs (must hold at least one record).
-        draft_s: seconds of drafting per speculative step.
+        draft_s: seconds of drafting per speculative step, or a function of the budgets (``draft_seconds``).
         curve: ``gain_curve`` ``[≥ k_max]``. ratio: calibration r.
         margin: speculation must beat plain decoding by this factor (noise guard).
         speculative_only: best B ≥ 1 even when plain decoding would win (probes).

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .config import CPU, BudgetConfig
-from .costs import PassCosts, SteadyRuns, running_cost
+from .costs import DraftCosts, PassCosts, SteadyRuns, running_cost
 from .gain import GainModel, best_budget, predicted_rate
 from .probes import ProbeSchedule
 
@@ -57,6 +59,8 @@ class BudgetPolicy:
     Attributes:
         costs / gain / probes: pass costs, the gain curve and calibration, the probe schedule.
         draft_s: seconds of drafting per speculative step (running mean; None before the first).
+        draft_costs: the same by the depth drafted (``DraftCosts``), what prices a budget's drafting when
+            ``config.draft_ahead`` is set (``drafting``).
         probing: the last ``choose`` returned a probe (the step then drafts only ``B`` deep).
         capture: whether the step of the last ``choose`` has the target capture the drafter's features.
     """
@@ -66,7 +70,8 @@ class BudgetPolicy:
         self.costs = costs if costs is not None else PassCosts()
         self.gain = GainModel()
         self.probes = ProbeSchedule(config)
-        self.draft_s: float | None = None
+        self._draft_s: float | None = None
+        self.draft_costs = DraftCosts()
         self.probing = False
         self.capture = True
         self._plain_kept = 0
@@ -77,6 +82,18 @@ class BudgetPolicy:
         self._probe_planned = False  # ``capture_prompt`` captures the prompt for a probe due within the generation
         self._last_b = 0        # the budget of the last choice (0: plain)
         self._runs = SteadyRuns()
+
+    @property
+    def draft_s(self) -> float | None:
+        """Seconds of drafting per speculative step, at any depth (running mean; None before the first)."""
+        return self._draft_s
+
+    @draft_s.setter
+    def draft_s(self, seconds: float | None) -> None:
+        """State one drafting cost for every depth (a study's or a test's): the depths measured are
+        forgotten, so ``drafting`` prices every budget at ``seconds`` until a step measures one again."""
+        self._draft_s = seconds
+        self.draft_costs = DraftCosts()
 
     @property
     def ratio(self) -> float:
@@ -112,7 +129,7 @@ class BudgetPolicy:
         self._probe_planned = False
         if self._spec or self.gain.curve is None or self.draft_s is None or not self.costs.known(1):
             return True
-        if k_max >= 1 and best_budget(self.costs, self.draft_s, self.gain.upto(k_max), self.ratio, k_max,
+        if k_max >= 1 and best_budget(self.costs, self.drafting(k_max), self.gain.upto(k_max), self.ratio, k_max,
                                       margin=cfg.margin, budgets=cfg.budgets(k_max)) > 0:
             return True
         if self.probes.every - self.probes.since > max_tokens - 3:  # as its first ``choose`` will count
@@ -142,7 +159,23 @@ class BudgetPolicy:
         gain curve is measured to ``k_max``."""
         b = self.choose(k_max, remaining)
         return StepPlan(budget=b, capture=self.capture, probe=self.probing,
-                        depth=b if self.probing else k_max, curve=True)
+                        depth=b if self.probing else int(self.depth(b, k_max)), curve=True)
+
+    def depth(self, b, k_max: int):
+        """Nodes a speculative (not probing) step with budget ``b`` (int or array) drafts: ``b`` plus
+        ``config.draft_ahead``, at most ``k_max``; ``k_max`` when ``draft_ahead`` is None."""
+        ahead = self.config.draft_ahead
+        return k_max if ahead is None else np.minimum(np.asarray(b) + ahead, k_max)
+
+    def drafting(self, k_max: int, probe: bool = False):
+        """The drafting cost ``best_budget`` and the probe rules price a budget with (``gain.draft_seconds``):
+        ``draft_s``, or, with ``config.draft_ahead`` and a depth measured, a function of the budgets:
+        ``draft_costs`` at each budget's ``depth`` (``probe``: at the budget itself, a probe's depth)."""
+        if self.config.draft_ahead is None or self.draft_costs.estimate(1) is None:
+            return self.draft_s
+        if probe:
+            return lambda b: self.draft_costs.estimate(b)
+        return lambda b: self.draft_costs.estimate(self.depth(b, k_max))
 
     def choose(self, k_max: int, remaining: int | None = None) -> int:
         """Budget for the next step, at most ``k_max`` (0 = plain decoding); sets ``probing`` and ``capture``.
@@ -185,7 +218,7 @@ class BudgetPolicy:
         size measured again."""
         cfg, pr = self.config, self.probes
         allowed = cfg.budgets(k_max)
-        b = best_budget(self.costs, self.draft_s, self.gain.upto(k_max), self.ratio, k_max, speculative_only=True,
+        b = best_budget(self.costs, self.drafting(k_max), self.gain.upto(k_max), self.ratio, k_max, speculative_only=True,
                         budgets=allowed)
         x = self.exploration(k_max)
         cold = [n for n in self.costs.cold() if n - 1 <= k_max and n - 1 in allowed]
@@ -198,11 +231,11 @@ class BudgetPolicy:
 
     def futile(self, k_max: int) -> bool:
         """Whether a probe now could not lead to speculation (``ProbeSchedule.futile``)."""
-        return self.probes.futile(k_max, self.config, self.costs, self.gain, self.draft_s)
+        return self.probes.futile(k_max, self.config, self.costs, self.gain, self.drafting(k_max))
 
     def exploration(self, k_max: int) -> int:
         """The budget a due probe explores at, 0 for none (``ProbeSchedule.exploration``)."""
-        return self.probes.exploration(k_max, self.config, self.costs, self.gain, self.draft_s)
+        return self.probes.exploration(k_max, self.config, self.costs, self.gain, self.drafting(k_max))
 
     def _plain(self, capture: bool) -> int:
         self._last_b = 0
@@ -235,11 +268,11 @@ class BudgetPolicy:
         margin = cfg.keep if self._spec else cfg.margin
         allowed = cfg.budgets(k_max)
         curve = self.gain.upto(k_max)
-        b = best_budget(self.costs, self.draft_s, curve, self.ratio, k_max, margin=margin, budgets=allowed)
+        b = best_budget(self.costs, self.drafting(k_max), curve, self.ratio, k_max, margin=margin, budgets=allowed)
         self._plain_kept = cfg.recheck - 1 if b == 0 else 0
         last = self._last_b
         if b and self._spec and last and last != b and last in allowed and cfg.size_keep < 1.0:
-            r_last, r_best = predicted_rate(self.costs, self.draft_s, curve, self.ratio, [last, b])
+            r_last, r_best = predicted_rate(self.costs, self.drafting(k_max), curve, self.ratio, [last, b])
             if r_last >= cfg.size_keep * r_best and r_last > margin / self.costs.estimate(1):
                 b = last
         return b
@@ -263,11 +296,12 @@ class BudgetPolicy:
         steady = self._passed(rec.n_nodes, 1)
         if rec.speculative:
             self.observe_spec(rec.n_nodes, rec.t_verify, rec.t_draft - rec.t_sync, rec.curve, rec.budget,
-                              rec.n_accepted, record=steady, probe=rec.probe or self._fresh)
+                              rec.n_accepted, record=steady, probe=rec.probe or self._fresh,
+                              depth=len(rec.curve) if rec.curve is not None else rec.budget)
             self._fresh = False
         elif not rec.switched and steady:  # a switch may re-plan the graph (the first capture): no pass cost
             self.observe_plain(rec.t_verify)
-        self.probes.account(rec, self.config, self.costs, self.draft_s)
+        self.probes.account(rec, self.config, self.costs, self.drafting(rec.budget, probe=True))
         return self.stretch()
 
     def observe_stretch(self, n: int, verify_s: float, step_s: float) -> None:
@@ -306,12 +340,15 @@ class BudgetPolicy:
         self.costs.record(1, seconds)
 
     def observe_spec(self, n_nodes: int, verify_s: float, draft_s: float, curve,
-                     budget: int, accepted: int, record: bool = True, probe: bool = False) -> None:
-        """A speculative step: ``n_nodes`` verified in ``verify_s``, drafting took ``draft_s``,
-        ``curve`` its gain curve, ``budget`` drafted tokens of which ``accepted`` were accepted;
-        ``record``: the pass's cost enters ``costs``; ``probe``: it weighs as a probe."""
+                     budget: int, accepted: int, record: bool = True, probe: bool = False,
+                     depth: int | None = None) -> None:
+        """A speculative step: ``n_nodes`` verified in ``verify_s``, drafting ``depth`` nodes deep (None:
+        ``budget``) took ``draft_s``, ``curve`` its gain curve, ``budget`` drafted tokens of which
+        ``accepted`` were accepted; ``record``: the pass's cost enters ``costs``; ``probe``: it weighs as
+        a probe."""
         self._plain_kept = 0
         if record:
             self.costs.record(n_nodes, verify_s)
-        self.draft_s = running_cost(self.draft_s, draft_s, self.config.alpha, self.gain.n_spec == 1)
+        self._draft_s = running_cost(self._draft_s, draft_s, self.config.alpha, self.gain.n_spec == 1)
+        self.draft_costs.record(budget if depth is None else depth, draft_s)
         self.gain.observe(curve, budget, accepted, probe, self.config)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import BudgetConfig
 from .costs import PROBE_OUTLIER, PassCosts, running_cost
-from .gain import GainModel, extrapolate
+from .gain import GainModel, draft_seconds, extrapolate
 
 
 class ProbeSchedule:
@@ -89,19 +89,19 @@ class ProbeSchedule:
         b = cfg.budgets(k_max)
         c = np.asarray(costs.estimate(np.minimum(b + 1, n_warm)))
         g = max(gain.ratio, 1.0) * extrapolate(gain.best_curve[:k_max], k_max)[b - 1]
-        return float(np.max((1.0 + g) / (c + draft_s))) <= cfg.margin / costs.estimate(1)
+        return float(np.max((1.0 + g) / (c + draft_seconds(draft_s, b)))) <= cfg.margin / costs.estimate(1)
 
     @staticmethod
-    def exploration(k_max: int, cfg: BudgetConfig, costs: PassCosts, gain: GainModel, draft_s: float) -> int:
+    def exploration(k_max: int, cfg: BudgetConfig, costs: PassCosts, gain: GainModel, draft_s) -> int:
         """The budget a due probe explores at (0: none): twice the nodes of the largest pass measured
         (at most ``k_max`` + 1), when speculation at ``k_max`` would beat plain decoding by the margin if
         passes beyond that largest size cost no more than it (the gain from the extrapolated curve)."""
         n_max = costs.largest(warm=True)
         if n_max < 2 or n_max > k_max:
             return 0
-        flat = costs.estimate(n_max) + draft_s
         g = 1.0 + gain.ratio * float(gain.upto(k_max)[k_max - 1])
         x = cfg.fit(min(2 * n_max, k_max + 1) - 1, k_max)
+        flat = costs.estimate(n_max) + float(draft_seconds(draft_s, k_max))
         return x if x > n_max - 1 and g / flat > cfg.margin / costs.estimate(1) else 0
 
     def account(self, rec, cfg: BudgetConfig, costs: PassCosts, draft_s: float | None) -> None:
@@ -131,7 +131,8 @@ class ProbeSchedule:
         # at least what the probe step itself cost beyond plain steps of its tokens, from the running
         # costs (the cycle's sum over tens of steps carries their noise), with this probe's injection of
         # the deferred rows (``t_sync``, left out of the drafting time)
-        own = float(costs.estimate(rec.n_nodes)) + (draft_s or 0.0) + rec.t_sync - c1 * len(rec.tokens)
+        d = float(draft_seconds(draft_s, max(rec.budget, 1))) if draft_s is not None else 0.0
+        own = float(costs.estimate(rec.n_nodes)) + d + rec.t_sync - c1 * len(rec.tokens)
         self.probe_cost = running_cost(self.probe_cost, max(self.cycle, own, 0.0), a, self.n_cycles == 1,
                                        cap=PROBE_OUTLIER)
         # what the speculation since the last probe saved, at most PROBE_OUTLIER cycles' cost (a long
