@@ -98,3 +98,34 @@ def test_penalties_apply_to_the_row(target):
     plain = classify(target, PROMPT, ref, out, gap=1e9)
     assert plain.gaps == pytest.approx((raw.max() - raw[ref[2]], raw.max() - raw[out[2]]), abs=1e-5)
     assert (plain.gaps != d.gaps) == bool({ref[2], out[2]} & set(ref[:2]))
+
+
+def test_cpu_chains_of_at_most_16_nodes_are_exact_there_is_no_near_tie(target, tmp_path):
+    """On the CPU a chain of at most 16 nodes on a target of the small-batch types is batch-invariant
+    (patch 0015): its tie gap is 0, so a divergence at the second-best token is a bug there, while a
+    tree, a wider pass, a GPU target or a target with another weight type keeps the measured gap."""
+    from types import SimpleNamespace
+
+    from tfm_local.lossless import SMALL_BATCH_ROWS, batch_invariant, weight_types
+
+    assert weight_types(target.model.path) <= {0, 2, 8, 12, 14}
+    assert batch_invariant(target, SMALL_BATCH_ROWS, chain=True) and tie_gap(target, 16, chain=True) == 0.0
+    assert not batch_invariant(target, SMALL_BATCH_ROWS + 1, chain=True) and tie_gap(target, 17, chain=True) == CPU_TIE_GAP
+    assert not batch_invariant(target, 4, chain=False) and tie_gap(target, 4) == CPU_TIE_GAP
+    assert not batch_invariant(target, None, chain=True)
+    gpu = SimpleNamespace(model=SimpleNamespace(on_gpu=True, path=target.model.path))
+    assert not batch_invariant(gpu, 4, chain=True) and tie_gap(gpu, 4, chain=True) == TIE_GAP
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "f16.gguf"), "qwen2")  # a file with an F16 weight takes the GEMMs
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, 32), dtype=np.float16))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    assert weight_types(tmp_path / "f16.gguf") == {1}
+    assert not batch_invariant(SimpleNamespace(model=SimpleNamespace(on_gpu=False, path=tmp_path / "f16.gguf")), 4, True)
+    assert not batch_invariant(SimpleNamespace(model=SimpleNamespace(on_gpu=False, path=tmp_path / "none")), 4, True)
+    ref = greedy(target, 4)
+    logits = np.asarray(target.prefill(PROMPT + ref[:2]), dtype=np.float64)
+    second = int(np.argsort(-logits)[1])
+    out = ref[:2] + [second, 9]
+    assert classify(target, PROMPT, ref, out, n_nodes=8).near_tie == (logits.max() - logits[second] < CPU_TIE_GAP)
+    assert not classify(target, PROMPT, ref, out, n_nodes=8, chain=True).near_tie

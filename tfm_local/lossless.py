@@ -10,9 +10,15 @@ anything else is a bug. The gap is per backend and batch size, from measurement
 (``lab/gpu/divergence.py``: an n-node pass against its nodes' paths decoded one token at a time, and
 the census of DDTree@64/@128 outputs against plain greedy decoding):
 
-* the 2-core AVX-512 CPU with llama.cpp's weight repacking: passes of 1-3 rows equal 1-token
-  decoding bit for bit, passes of 4 or more rows move the gap between two tokens by up to 0.79 (0.92
-  counting the drift of caches built by other batch sizes): ``CPU_TIE_GAP`` = 1.0 for every size;
+* the CPU backend, a chain of at most ``SMALL_BATCH_ROWS`` nodes on a target whose weights are all of
+  ``SMALL_BATCH_TYPES``: exact (``batch_invariant``; tie gap 0). Patch 0015's small-batch products give
+  every row of such a pass the bits of a 1-token pass (tests/test_batch_invariance.py), and a chain is
+  committed by cutting the cache back, so its cells stay in position order as plain decoding's do:
+  greedy speculative output equals plain decoding token for token, and any divergence is a bug;
+* the CPU backend otherwise (trees, whose commit leaves the kept cells out of position order; passes
+  over 16 rows, which take the GEMMs; other weight types): passes of 4 or more rows moved the gap
+  between two tokens by up to 0.79 before the small-batch products (0.92 counting the drift of caches
+  built by other batch sizes): ``CPU_TIE_GAP`` = 1.0 for every size;
 * CUDA on the H200, the default Q4_K_M target (43 paths per size, 59 prompts of census):
   passes of 2-8 nodes move a gap between near competitors by at most 0.29 (``TIE_GAP`` = 0.5), passes
   of 16 by 0.82, of 64 and 128 by 1.44 (``WIDE_TIE_GAP`` = 1.5 from ``WIDE_NODES`` = 16 nodes on); an
@@ -33,9 +39,44 @@ WIDE_NODES = 16
 CPU_TIE_GAP = 1.0   # a target on the CPU backend, every pass size
 
 
-def tie_gap(target, n_nodes: int | None = None) -> float:
+#: The most rows of a batch-invariant CPU pass (ggml-cpu/smallbatch.h, GGML_CPU_SMALLBATCH_MAX_COLS).
+SMALL_BATCH_ROWS = 16
+#: GGML types whose small-batch products have the 1-row product's bits on x86 (patch 0015): F32, Q4_0,
+#: Q8_0, Q4_K, Q6_K (a weight of any other type, F16 included, takes a GEMM that sums otherwise).
+SMALL_BATCH_TYPES = frozenset({0, 2, 8, 12, 14})
+
+
+def weight_types(path) -> frozenset[int]:
+    """The GGML types of a GGUF file's tensors (``files.gguf_meta``); empty when it does not parse."""
+    from .files.gguf_meta import GGUFError, read_gguf_meta
+
+    try:
+        return frozenset(t.ggml_type for t in read_gguf_meta(path).tensors)
+    except (GGUFError, OSError):
+        return frozenset()
+
+
+def batch_invariant(target, n_nodes: int | None, chain: bool) -> bool:
+    """Whether greedy speculative decoding on ``target`` (``Target``) equals plain decoding token for token
+    by construction: the CPU backend, verification chains (``chain``) of at most ``SMALL_BATCH_ROWS``
+    nodes (``n_nodes``; None = any size: False), every weight of the target's file of
+    ``SMALL_BATCH_TYPES`` (the module doc)."""
+    model = getattr(target, "model", None)
+    if model is None or getattr(model, "on_gpu", False) or not chain or n_nodes is None:
+        return False
+    if n_nodes > SMALL_BATCH_ROWS:
+        return False
+    types = weight_types(model.path)
+    return bool(types) and types <= SMALL_BATCH_TYPES
+
+
+def tie_gap(target, n_nodes: int | None = None, chain: bool = False) -> float:
     """The near-tie gap (logits) for ``target``'s backend (``Target``; its model's ``on_gpu``) and
-    verification passes of up to ``n_nodes`` nodes (None: any size, the widest gap)."""
+    verification passes of up to ``n_nodes`` nodes (None: any size, the widest gap), chains
+    (``chain``) or trees: 0 where the passes are batch-invariant (``batch_invariant``: no divergence
+    is a near-tie)."""
+    if batch_invariant(target, n_nodes, chain):
+        return 0.0
     if not getattr(getattr(target, "model", None), "on_gpu", False):
         return CPU_TIE_GAP
     return TIE_GAP if n_nodes is not None and n_nodes < WIDE_NODES else WIDE_TIE_GAP
@@ -66,13 +107,14 @@ def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
 
 def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[int],
              gap: float | None = None, rel: float | None = None, n_nodes: int | None = None,
-             sp=None) -> Divergence | None:
+             sp=None, chain: bool = False) -> Divergence | None:
     """Check a divergence of ``out`` from the plain greedy output ``ref`` (None when equal).
 
     ``target`` is a :class:`tfm_local.decode.verify.Target`; its KV cache is reset by a prefill of
     ``prompt_ids + ref[:i]`` (float32 logits ``[n_vocab]`` of the next token). Outputs that differ
-    only in length (one stopped earlier) are not a near-tie. ``gap`` None: ``tie_gap(target, n_nodes)``
-    (``n_nodes``: the most nodes a verification of ``out`` had; None = any). With
+    only in length (one stopped earlier) are not a near-tie. ``gap`` None: ``tie_gap(target, n_nodes,
+    chain)`` (``n_nodes``: the most nodes a verification of ``out`` had, None = any; ``chain``: every
+    verification was a chain). With
     ``rel`` the tie gap is ``rel`` times the largest |logit| there instead (a tolerance relative to the
     logits' scale). ``sp``: the generation's ``SamplingParams`` when it has penalties: they apply to the
     row first (``decode.penalties``), with ``ref[:i]`` as the tokens generated before it.
@@ -96,5 +138,5 @@ def classify(target, prompt_ids: list[int], ref: Sequence[int], out: Sequence[in
     if rel is not None:
         gap = rel * float(np.abs(logits).max())
     elif gap is None:
-        gap = tie_gap(target, n_nodes)
+        gap = tie_gap(target, n_nodes, chain)
     return Divergence(i, int(ref[i]), int(out[i]), gaps, max(gaps) < gap)

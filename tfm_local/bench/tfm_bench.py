@@ -223,7 +223,8 @@ def mark_mismatches(runs: list[dict]) -> None:
 def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
     """Set ``divergence`` (``tfm_local.lossless.classify`` as a dict) on every run that differs from
     plain decoding: where it starts and whether it is a numerical near-tie (the gap of the mode's
-    largest verification, ``tfm_local.lossless.tie_gap``). ``prompts`` maps (set, prompt_id) to the
+    largest verification, ``tfm_local.lossless.tie_gap``: none on the CPU for chains of at most 16
+    nodes, which are batch-invariant there). ``prompts`` maps (set, prompt_id) to the
     Prompt. Each check is one prefill of the target."""
     from dataclasses import asdict
 
@@ -234,7 +235,8 @@ def classify_mismatches(engine, runs: list[dict], prompts: dict) -> None:
         if r.get("matches_plain") is False and "divergence" not in r and not r.get("sampled"):
             ids = engine.prompt_tokens(prompts[(r["set"], r["prompt_id"])].messages)
             r["divergence"] = asdict(classify(engine.target, ids, plain[run_key(r)], r["output_ids"],
-                                              n_nodes=(r.get("budget_max") or 0) + 1))
+                                              n_nodes=(r.get("budget_max") or 0) + 1,
+                                              chain=r.get("tree") == "chain"))
 
 
 def phase_ms(rows: list[dict], steps: int) -> dict:
