@@ -1,12 +1,17 @@
 """Integration on the real default target (Qwen2.5-Coder-1.5B-Instruct Q4_K_M) with real prompts.
 
 Speculative output at temperature 0 must equal plain greedy decoding token
-for token. A divergence is accepted only where the test shows it begins at a
-numerical near-tie (``tfm_local.lossless``): the logits of both tokens, plain
-decoding's and the speculative one (from a prefill of the same prefix), within
-the near-tie gap of the target's backend (``tfm_local.lossless.tie_gap``) of the best.
-Batched verification reorders float reductions (docs/design.md §3: Q4
-logits move by up to ~0.2), so a near-tie can flip; anything else is a bug.
+for token. On the CPU, for chains of at most 16 nodes, it must do so exactly
+(``tfm_local.lossless.batch_invariant``: such passes have the bits of one-token
+decoding). Elsewhere (trees, a GPU, a warm prompt cache against a cold one) a
+divergence is accepted only where the test shows it begins at a numerical
+near-tie (``tfm_local.lossless``): the logits of both tokens, plain decoding's
+and the speculative one (from a prefill of the same prefix), within the
+near-tie gap of the target's backend (``tfm_local.lossless.tie_gap``) of the
+best. Batched verification there reorders float reductions (docs/design.md §3:
+Q4 logits move by up to ~0.2), so a near-tie can flip; anything else is a bug.
+Each generation starts cold (the prompt cache forgotten) unless a test says
+otherwise: a warm prefill of a prompt's last tokens rounds otherwise.
 
 Two drafters run: the default DFlash drafter (the shipped trained one) end to
 end, and ``OracleDrafter`` (the real drafter's pass, proposals taken from the
@@ -36,14 +41,19 @@ def engines():
     plain.close()
 
 
-def assert_equal_or_near_tie(plain, prompt_ids, ref, out):
-    d = classify(plain.target, prompt_ids, ref, out)
+def assert_equal_or_near_tie(plain, prompt_ids, ref, out, n_nodes=None, chain=False):
+    """``out == ref`` up to a near-tie of ``tie_gap(target, n_nodes, chain)``: exactly on the CPU for
+    chains of at most 16 nodes (``n_nodes``: the most nodes a verification had; None: any)."""
+    d = classify(plain.target, prompt_ids, ref, out, n_nodes=n_nodes, chain=chain)
     assert d is None or d.near_tie, (
         f"divergence at token {d.index}: plain {d.ref_token} vs speculative {d.out_token}, their logits "
         f"{d.gaps} below the best (not a near-tie; lengths {len(ref)} vs {len(out)})")
 
 
-def greedy(engine, ids, n):
+def greedy(engine, ids, n, cold=True):
+    """``n`` greedy tokens after ``ids``; ``cold``: the prompt cache forgotten first (a full prefill)."""
+    if cold:
+        engine.prompt_cache.forget()
     return list(engine.generate_ids(ids, n, SamplingParams()))
 
 
@@ -63,10 +73,10 @@ def test_prompt_sets_speculative_equals_plain(engines, set_name):
         ids = plain.prompt_tokens(p.messages)
         ref = greedy(plain, ids, 128)
         out, tau = with_oracle(spec, ids, ref, 0.2, 128)
-        assert_equal_or_near_tie(plain, ids, ref, out)
+        assert_equal_or_near_tie(plain, ids, ref, out, n_nodes=spec.budget + 1, chain=True)
         assert tau > 1.5 or out != ref  # after a near-tie flip the script no longer matches
         if i == 0:  # the default drafter, end to end
-            assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 128))
+            assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 128), n_nodes=spec.budget + 1, chain=True)
 
 
 @pytest.mark.parametrize("prompt", [
@@ -81,7 +91,7 @@ def test_long_outputs_speculative_equals_plain(engines, prompt):
     ref = greedy(plain, ids, 560)
     assert len(ref) >= 512, "the prompt should produce a long answer"
     out, tau = with_oracle(spec, ids, ref, 0.1, 560)
-    assert_equal_or_near_tie(plain, ids, ref, out)
+    assert_equal_or_near_tie(plain, ids, ref, out, n_nodes=spec.budget + 1, chain=True)
     assert tau > 2 or out != ref
 
 
@@ -119,7 +129,7 @@ def test_greedy_argmax_modes_equal_plain(engines, argmax):
     with Engine(plain.target.model.path, None, n_ctx=1024, greedy_argmax=argmax) as e:
         assert greedy(e, ids, 24) == ref
     with Engine(n_ctx=1024, budget=None, greedy_argmax=argmax) as spec:
-        assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 24))
+        assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 24), n_nodes=spec.budget + 1, chain=True)
         spec.set_draft("ddtree", 16)
         assert_equal_or_near_tie(plain, ids, ref, greedy(spec, ids, 24))
         assert (spec.target.argmax_rows > 0) == (argmax == "backend")
@@ -133,11 +143,11 @@ def test_prompt_cache_follow_up_equals_cold(engines):
     msgs = [{"role": "user", "content": "Write a Python function that tells whether a number is prime."}]
     for e in (plain, spec):
         ids = e.prompt_tokens(msgs)
-        out = greedy(e, ids, 64)
+        out = greedy(e, ids, 64, cold=False)
         answer = e.tok.decode([t for t in out if not e.tok.is_eog(t)])
         follow = msgs + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Make it faster."}]
         fids = e.prompt_tokens(follow)
-        warm = greedy(e, fids, 48)
+        warm = greedy(e, fids, 48, cold=False)
         assert len(ids) <= e.stats.n_cached < len(fids) and e.stats.n_prefilled == len(fids) - e.stats.n_cached
         assert e.state_problems() == []
         e.prompt_cache.forget()
