@@ -79,9 +79,9 @@ def fixed_draft_time(auto: BudgetPolicy, seconds: float) -> None:
     """Make the chooser see a stated drafting time (measured times vary with the machine's load)."""
     real = auto.observe_spec
 
-    def observe(n_nodes, verify_s, draft_s, curve, budget, accepted, record=True, probe=False):
-        real(n_nodes, verify_s, seconds, curve, budget, accepted, record=record, probe=probe)
-        auto.draft_s = seconds
+    def observe(n_nodes, verify_s, draft_s, curve, budget, accepted, record=True, probe=False, depth=None):
+        real(n_nodes, verify_s, seconds, curve, budget, accepted, record=record, probe=probe, depth=depth)
+        auto.draft_s = seconds  # one drafting cost at every depth (the depths measured are forgotten)
 
     auto.observe_spec = observe
 

@@ -45,6 +45,7 @@ def test_context_observer_sees_each_decode_before_and_after(engine):
     steps = []
     engine.target.ctx.observer, engine.drafter.ctx.observer = tgt, dft
     engine.on_step = lambda rec, stretch: steps.append(rec.n_nodes)
+    engine.prompt_cache.forget()  # a cold prefill of the whole prompt (a warm one decodes only its tail)
     try:
         out = list(engine.generate_ids(PROMPT, 16, SamplingParams()))
     finally:
@@ -59,6 +60,7 @@ def test_context_observer_sees_each_decode_before_and_after(engine):
     assert [(e[2], e[3]) for e in tgt.events[0::2]] == [("tokens", len(PROMPT))] + [("tokens", n) for n in steps]
     assert {e[2] for e in dft.events} <= {"tokens", "embeddings"}
     n_events = len(tgt.events)
+    engine.prompt_cache.forget()
     assert list(engine.generate_ids(PROMPT, 16, SamplingParams())) == plain and len(tgt.events) == n_events
 
 
