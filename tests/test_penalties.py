@@ -150,8 +150,11 @@ def test_greedy_trees_equal_plain_under_penalties(paths, plain, mode):
             ids = plain.prompt_tokens(prompt)
             ref = run_ids(plain, prompt, 48, sp)
             oracle = TreeOracle(e.drafter, len(ids), ref, 0.0)
-            assert_equal_or_near_tie(paths[0], ids, ref, run_with_drafter(e, oracle, prompt, 48, sp), sp)
-            assert e.stats.tau > 1.5
+            out = run_with_drafter(e, oracle, prompt, 48, sp)
+            assert_equal_or_near_tie(paths[0], ids, ref, out, sp)
+            # whole accepted paths ran through the penalties; after a near-tie flip (25-node passes take
+            # the GEMMs, whose sums differ from one-token decoding) the script no longer matches
+            assert e.stats.tau > 1.5 or out != ref
             assert_equal_or_near_tie(paths[0], ids, ref[:24], run_ids(e, prompt, 24, sp), sp)
 
 
