@@ -321,6 +321,8 @@ def test_on_the_cpu_a_step_drafts_just_past_its_budget_and_is_priced_by_its_dept
         auto.gain.curve, auto.gain.depth = curve, 15
     cpu.draft_s = 0.039  # one cost at every depth: the whole block's
     assert cpu.drafting(15) == 0.039 and cpu._decide(15) == 0
+    cpu.draft_costs.record(3, 0.017)  # one (maybe cold) sample of a depth does not price yet
+    assert cpu.drafting(15) == 0.039
     for d, s in [(3, 0.017), (5, 0.0185), (15, 0.039)]:  # measured by depth (as observe_spec records them)
         cpu.draft_costs.record(d, s)
         cpu.draft_costs.record(d, s)

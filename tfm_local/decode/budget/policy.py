@@ -169,9 +169,12 @@ class BudgetPolicy:
 
     def drafting(self, k_max: int, probe: bool = False):
         """The drafting cost ``best_budget`` and the probe rules price a budget with (``gain.draft_seconds``):
-        ``draft_s``, or, with ``config.draft_ahead`` and a depth measured, a function of the budgets:
-        ``draft_costs`` at each budget's ``depth`` (``probe``: at the budget itself, a probe's depth)."""
-        if self.config.draft_ahead is None or self.draft_costs.estimate(1) is None:
+        ``draft_s``, or, with ``config.draft_ahead`` and a depth measured twice, a function of the budgets:
+        ``draft_costs`` at each budget's ``depth`` (``probe``: at the budget itself, a probe's depth).
+        A depth measured once may hold a cold pass (the first of its shapes allocates): priced by it,
+        every budget could stay priced out and never measured again, so until then ``draft_s`` (whose
+        running mean replaces its first sample) prices them all."""
+        if self.config.draft_ahead is None or not self.draft_costs.largest(warm=True):
             return self.draft_s
         if probe:
             return lambda b: self.draft_costs.estimate(b)
