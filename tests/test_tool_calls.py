@@ -32,7 +32,8 @@ QWEN_STYLE_TEMPLATE = (
     "{% elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{% endif %}"
     "{% for m in messages %}"
-    "{% if m.role == 'user' or (m.role == 'system' and not loop.first) or (m.role == 'assistant' and not m.tool_calls) %}"
+    "{% if m.role == 'user' or (m.role == 'system' and not loop.first)"
+    " or (m.role == 'assistant' and not m.tool_calls) %}"
     "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
     "{% elif m.role == 'assistant' %}<|im_start|>assistant{% if m.content %}{{ '\\n' + m.content }}{% endif %}"
     "{% for c in m.tool_calls %}{{ '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
@@ -52,6 +53,9 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 TOOLS = [WEATHER, TIME]
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+#: How Qwen2.5-Coder-1.5B-Instruct answered "What's the weather in Paris right now?" with TOOLS rendered.
+FENCED_CALL = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
+NAMES = frozenset({"get_weather", "get_time", "f"})
 
 
 def counter_ids():
@@ -65,43 +69,60 @@ def call(index: int, name: str, arguments: str) -> ToolCall:
 
 
 # -- the parser -------------------------------------------------------------------------------------
+#: (answer, content, calls) with the function names NAMES.
 PARSES = [
     (CALL_TEXT, None, [call(0, "get_weather", '{"city":"Paris"}')]),
     ("Let me look.\n" + CALL_TEXT + "\n" + CALL_TEXT.replace("Paris", "Oslo") + "\nOne moment.",
-     "Let me look.\nOne moment.", [call(0, "get_weather", '{"city":"Paris"}'), call(1, "get_weather", '{"city":"Oslo"}')]),
+     "Let me look.\nOne moment.",
+     [call(0, "get_weather", '{"city":"Paris"}'), call(1, "get_weather", '{"city":"Oslo"}')]),
     ('<tool_call>{"name":"get_time"}</tool_call>\n\n', None, [call(0, "get_time", "{}")]),
     ('\n<tool_call>{"name": "f", "arguments": "{\\"x\\": [1, 2]}"}</tool_call>done', "done",
      [call(0, "f", '{"x":[1,2]}')]),
-    ('<tool_call>{"name": "f", "arguments": {"s": "é \\u00e9 <b>"}}</tool_call>', None, [call(0, "f", '{"s":"é é <b>"}')]),
-    ("plain answer, no calls  \n", "plain answer, no calls  \n", []),
-    ("  leading and trailing  ", "  leading and trailing  ", []),
+    ('<tool_call>{"name": "f", "arguments": {"s": "é \\u00e9 <b>"}}</tool_call>', None,
+     [call(0, "f", '{"s":"é é <b>"}')]),
     ("", None, []),
-    # not calls: kept as content, tags and all
-    ('a <tool_call>{"name": oops}</tool_call> b', 'a <tool_call>{"name": oops}</tool_call> b', []),
-    ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
-    ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', []),
-    ('<tool_call>{"name": "f", "arguments": "nope"}</tool_call>', '<tool_call>{"name": "f", "arguments": "nope"}</tool_call>',
-     []),
-    ('<tool_call>["f"]</tool_call>', '<tool_call>["f"]</tool_call>', []),
-    ('<tool_call>{"name": "f"} {"name": "g"}</tool_call>', '<tool_call>{"name": "f"} {"name": "g"}</tool_call>', []),
-    ('x <tool_call>{"name": "f", "arguments": {}', 'x <tool_call>{"name": "f", "arguments": {}', []),  # unclosed
-    ("ends with <tool_ca", "ends with <tool_ca", []),
-    ("<tool <tool_cal <tool_callx", "<tool <tool_cal <tool_callx", []),
-    ("a </tool_call> b", "a </tool_call> b", []),
     # a malformed block between calls is text: the whitespace between it and the calls is dropped
     (CALL_TEXT + "\n<tool_call>{bad}</tool_call>\n" + CALL_TEXT, "<tool_call>{bad}</tool_call>",
      [call(0, "get_weather", '{"city":"Paris"}'), call(1, "get_weather", '{"city":"Paris"}')]),
+    # fenced JSON naming one of the tools is a call
+    (FENCED_CALL, None, [call(0, "get_weather", '{"city":"Paris"}')]),
+    ("Sure:\n" + FENCED_CALL + "\n" + CALL_TEXT, "Sure:",
+     [call(0, "get_weather", '{"city":"Paris"}'), call(1, "get_weather", '{"city":"Paris"}')]),
+    ('```json\n{"n`` ```json\n{"name": "get_time"}\n```', '```json\n{"n``', [call(0, "get_time", "{}")]),
 ]
+#: Answers that hold no call: their content is the answer as written.
+NO_CALLS = [
+    "plain answer, no calls  \n", "  leading and trailing  ",
+    # blocks that are not calls: malformed, no name, arguments not an object, two objects, unclosed
+    'a <tool_call>{"name": oops}</tool_call> b', '<tool_call>{"arguments": {}}</tool_call>',
+    '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+    '<tool_call>{"name": "f", "arguments": "nope"}</tool_call>',
+    '<tool_call>["f"]</tool_call>', '<tool_call>{"name": "f"} {"name": "g"}</tool_call>',
+    'x <tool_call>{"name": "f", "arguments": {}',
+    "ends with <tool_ca", "<tool <tool_cal <tool_callx", "a </tool_call> b",
+    # fenced blocks that are not calls: another name, not an object, malformed, unclosed, another language
+    '```json\n{"name": "other", "arguments": {}}\n```', '```json\n{"name": "get_weatherX", "arguments": {}}\n```',
+    '```json\n{"name": "get_weather", oops}\n```', '```json\n{"city": "Paris"}\n```', "```json\n[1, 2]\n```\n",
+    "```python\nprint(1)\n```", '```json\n{"name": "get_weather"',
+    '```json\n{"nam```json\n{"name": "get_time"}\n```',
+    "``` ```json ```json\n",
+]
+PARSES += [(text, text, []) for text in NO_CALLS]
 
 
 @pytest.mark.parametrize("text,content,calls", PARSES)
 def test_parse_whole_answer(text, content, calls):
-    assert parse_tool_calls(text, counter_ids()) == (content, calls)
+    assert parse_tool_calls(text, NAMES, counter_ids()) == (content, calls)
+
+
+def test_fenced_json_is_text_without_tool_names():
+    assert parse_tool_calls(FENCED_CALL) == (FENCED_CALL, [])
+    assert parse_tool_calls(FENCED_CALL, frozenset({"get_time"})) == (FENCED_CALL, [])
 
 
 def run_stream(pieces) -> tuple[str | None, list[ToolCall], list]:
     """(content, calls, events) of ``pieces`` fed one by one to a ToolCallStream."""
-    s = ToolCallStream(counter_ids())
+    s = ToolCallStream(NAMES, counter_ids())
     events = [e for p in pieces for e in s.feed(p)] + s.finish()
     assert all(e != "" for e in events)
     content = "".join(e for e in events if isinstance(e, str))
@@ -118,14 +139,28 @@ def test_stream_split_anywhere_gives_the_whole_parse(text, content, calls):
 
 
 def test_stream_gives_text_before_a_call_at_once_and_holds_back_only_a_possible_opening():
-    s = ToolCallStream(counter_ids())
+    s = ToolCallStream(NAMES, counter_ids())
     assert s.feed("Let me") == ["Let me"]
     assert s.feed(" look. <tool") == [" look."]  # " " and "<tool" held back
     assert s.feed('_call>{"name": "get_time"') == []  # inside the block until it closes
     assert s.feed("}</tool_call>") == [call(0, "get_time", "{}")]
     assert s.feed("\n") == [] and s.finish() == []
-    s = ToolCallStream(counter_ids())
+    s = ToolCallStream(NAMES, counter_ids())
     assert s.feed("a <tool") == ["a"] and s.feed("box>") == [" <toolbox>"]
+
+
+def test_stream_holds_a_fenced_block_only_while_it_can_be_a_call():
+    """Code in a fence is given out as soon as its first characters cannot begin a call."""
+    s = ToolCallStream(NAMES, counter_ids())
+    assert s.feed("Code:\n```") == ["Code:"]
+    assert s.feed("json\n{") == []
+    assert s.feed('"x": 1,') == ["\n```json", "\n{\"x\": 1,"]
+    assert s.feed('\n  "name": "get_weather"}\n```') == ['\n  "name": "get_weather"}']  # "\n```" may open one
+    assert s.finish() == ["\n```"]
+    s = ToolCallStream(NAMES, counter_ids())
+    assert s.feed('```json\n {"name": "get_') == []
+    assert s.feed('time"') == [] and s.feed(', "arguments": {}}\n``') == []
+    assert s.feed("`\n") == [call(0, "get_time", "{}")] and s.finish() == []
 
 
 def test_stream_deltas_have_openais_shape():
@@ -135,12 +170,13 @@ def test_stream_deltas_have_openais_shape():
         {"tool_calls": [{"index": 0, "id": "id0", "type": "function",
                          "function": {"name": "get_weather", "arguments": ""}}]},
         {"tool_calls": [{"index": 0, "function": {"arguments": '{"city":"Paris"}'}}]},
-        {"tool_calls": [{"index": 1, "id": "id1", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+        {"tool_calls": [{"index": 1, "id": "id1", "type": "function",
+                         "function": {"name": "get_time", "arguments": ""}}]},
         {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}]
 
 
 def test_default_ids_are_fresh():
-    _, calls = parse_tool_calls(CALL_TEXT + CALL_TEXT)
+    _, calls = parse_tool_calls(CALL_TEXT + FENCED_CALL, NAMES)
     assert [c.id[:5] for c in calls] == ["call_", "call_"] and calls[0].id != calls[1].id
     assert calls[0].message_entry() == {"id": calls[0].id, "type": "function",
                                         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
@@ -249,7 +285,7 @@ def test_tools_reach_the_prompt_and_a_real_answer_comes_back(http, engine):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["usage"]["prompt_tokens"] == len(engine.prompt_tokens(QUESTION, TOOLS))
-    content, calls = parse_tool_calls(want)
+    content, calls = parse_tool_calls(want, frozenset({"get_weather", "get_time"}))
     assert body["choices"][0]["message"]["content"] == content and not calls
     assert "tool_calls" not in body["choices"][0]["message"]
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
@@ -258,8 +294,9 @@ def test_tools_reach_the_prompt_and_a_real_answer_comes_back(http, engine):
     assert r.json()["choices"][0]["message"]["content"] == engine.generate(QUESTION, max_tokens=8, temperature=0)
 
 
-def test_a_call_in_the_answer_becomes_tool_calls(http, scripted):
-    scripted.set("I will check.\n" + CALL_TEXT)
+@pytest.mark.parametrize("form", [CALL_TEXT, FENCED_CALL], ids=["tags", "fenced"])
+def test_a_call_in_the_answer_becomes_tool_calls(http, scripted, form):
+    scripted.set("I will check.\n" + form)
     r = chat(http, tools=TOOLS, tool_choice="auto")
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
@@ -269,7 +306,8 @@ def test_a_call_in_the_answer_becomes_tool_calls(http, scripted):
     assert msg["content"] == "I will check."
     [c] = msg["tool_calls"]
     assert c["id"].startswith("call_") and len(c["id"]) > 10
-    assert c == {"id": c["id"], "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    assert c == {"id": c["id"], "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
 
 
 def test_calls_only_have_null_content(http, scripted):
@@ -300,7 +338,7 @@ def test_without_tools_a_call_shaped_answer_is_plain_text(http, scripted):
 def test_streamed_calls(http, scripted):
     """Content deltas, then each call as an opening delta (index, id, type, name) and an arguments
     delta; the last chunk's finish_reason is "tool_calls"; the same message as without streaming."""
-    text = "Checking.\n" + CALL_TEXT + "\n" + CALL_TEXT.replace("Paris", "Oslo")
+    text = "Checking.\n" + CALL_TEXT + "\n" + FENCED_CALL.replace("Paris", "Oslo")
     scripted.set(text)
     chunks = stream_chunks(http, tools=TOOLS)
     deltas = [c["choices"][0]["delta"] for c in chunks]
@@ -313,7 +351,12 @@ def test_streamed_calls(http, scripted):
         (1, True, {"name": "get_weather", "arguments": ""}), (1, False, {"arguments": '{"city":"Oslo"}'})]
     assert calls[0]["type"] == "function" and calls[0]["id"] != calls[2]["id"]
     first_call = next(i for i, d in enumerate(deltas) if "tool_calls" in d)
-    assert all("tool_calls" not in d for d in deltas[:first_call]) and all("content" not in d for d in deltas[first_call:])
+    assert all("tool_calls" not in d for d in deltas[:first_call])
+    assert all("content" not in d for d in deltas[first_call:])
+    msg = chat(http, tools=TOOLS).json()["choices"][0]["message"]
+    assert msg["content"] == "Checking."
+    assert [c["function"] for c in msg["tool_calls"]] == [{"name": "get_weather", **calls[i + 1]["function"]}
+                                                          for i in (0, 2)]
 
 
 def test_streamed_answer_accumulates_in_the_openai_client(http, scripted):

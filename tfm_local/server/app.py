@@ -9,7 +9,7 @@ even when streaming; generations then run one at a time (stream.py).
 
 Chat completions take ``tools`` and ``tool_choice`` when the target's chat template renders tools
 (``messages.template_takes_tools``; else they are a 400 unless ``tool_choice`` is "none"): the tools
-are rendered into the prompt, and ``<tool_call>`` blocks of the answer become ``message.tool_calls``
+are rendered into the prompt, and the calls in the answer become ``message.tool_calls``
 (tool_calls.py; streamed as ``delta.tool_calls``), with finish_reason "tool_calls". "required" and a
 named function are not forced: the answer is returned as the model wrote it.
 
@@ -336,6 +336,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         kwargs = req.sampling_kwargs()
         if tools is not None:
             kwargs["tools"] = tools
+        names = frozenset(t["function"]["name"] for t in tools or ())  # fenced calls must name one
         cid, created = _new_id("chatcmpl"), int(time.time())
         with_logprobs = kwargs["logprobs"] is not None
 
@@ -353,7 +354,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
         if req.stream:
             live = req.live_stats()
-            calls = ToolCallStream() if tools is not None else None  # None: the text is not parsed
+            calls = ToolCallStream(names) if tools is not None else None  # None: the text is not parsed
 
             async def chunks():
                 async with svc.runner.generation(messages, max_tokens, **kwargs) as gen:
@@ -379,7 +380,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         message = {"role": "assistant", "content": text, "refusal": None}
         calls = []
         if tools is not None:
-            message["content"], calls = parse_tool_calls(text)
+            message["content"], calls = parse_tool_calls(text, names)
         if calls:
             message["tool_calls"] = [c.message_entry() for c in calls]
         return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_name,
