@@ -265,19 +265,22 @@ class Engine:
         and the automatic budget's steps, shared by every draft shape). Read-only use."""
         return self._pass_costs
 
-    def prompt_tokens(self, prompt: str | list[dict]) -> list[int]:
+    def prompt_tokens(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a raw prompt string (special-token text parsed), or of chat ``messages``
         rendered with the target's template (``encode_chat``: control-token text typed inside a
-        message stays plain text)."""
+        message stays plain text), with ``tools`` (OpenAI-style tool definitions, chat only) given
+        to the template."""
         if isinstance(prompt, str):
+            if tools is not None:
+                raise ValueError("tools need chat messages, not a plain prompt string")
             return self.tok.encode(prompt, add_special=True)
-        return encode_chat(self.target.model, self.tok, list(prompt))
+        return encode_chat(self.target.model, self.tok, list(prompt), tools=tools)
 
     def generate(self, prompt: str | list[dict], max_tokens: int = 256, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
                  stop: list[str] | str | None = None, stream: bool = False, *, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 logprobs: int | None = None) -> Iterator[str] | str:
+                 logprobs: int | None = None, tools: list[dict] | None = None) -> Iterator[str] | str:
         """Generate text after ``prompt`` (a string or OpenAI-style chat messages).
 
         Returns the text, or with ``stream=True`` an iterator of text pieces.
@@ -301,7 +304,7 @@ class Engine:
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
         if logprobs is not None:
             check_top_logprobs(logprobs)
-        ids = self.prompt_tokens(prompt)
+        ids = self.prompt_tokens(prompt, tools)
         if not ids:
             raise ValueError("the prompt is empty (no tokens): give some text or a message")
         self.target.check_fits(len(ids))

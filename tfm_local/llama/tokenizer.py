@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import functools
+import json
 import re
 import secrets
 from datetime import date
@@ -111,9 +112,21 @@ def _raise(msg):
     raise jinja2.exceptions.TemplateError(msg)
 
 
-def render_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False) -> str:
+    """The ``tojson`` filter of chat templates: plain ``json.dumps`` keeping the keys' order and
+    non-ASCII text, as the templates' authors rendered them (Jinja's own filter sorts the keys and
+    escapes ``<``, ``>``, ``&`` and ``'`` for HTML)."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
+def render_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> str:
     """Render OpenAI-style ``messages`` with the model's GGUF chat template.
 
+    ``tools``: OpenAI-style tool definitions (``{"type": "function", "function": {"name", "description",
+    "parameters"}}``) given to the template as its ``tools`` variable, as Hugging Face's
+    ``apply_chat_template`` does; None leaves the variable undefined (a template that does not read
+    it renders the same either way).
     Raises ChatTemplateError when the model has no template or the template
     rejects the messages (its ``raise_exception`` message is kept).
     """
@@ -122,11 +135,13 @@ def render_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generati
         raise ChatTemplateError(f"{model.path.name} has no chat template; pass a plain prompt string instead")
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals.update(raise_exception=_raise, strftime_now=lambda f: date.today().strftime(f))
+    env.filters["tojson"] = _tojson
+    extra = {} if tools is None else {"tools": tools}
     try:
         return env.from_string(src).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=tok.piece(tok.bos).decode("utf-8", "replace") if tok.bos >= 0 else "",
-            eos_token=tok.piece(tok.eos).decode("utf-8", "replace") if tok.eos >= 0 else "")
+            eos_token=tok.piece(tok.eos).decode("utf-8", "replace") if tok.eos >= 0 else "", **extra)
     except jinja2.exceptions.TemplateError as e:
         raise ChatTemplateError(f"chat template error: {e}") from e
 
@@ -155,8 +170,9 @@ def _hide_control_text(messages: list[dict], pattern: re.Pattern, nonce: str) ->
     return out, typed
 
 
-def encode_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` rendered with the model's chat template (``render_chat``).
+def encode_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> list[int]:
+    """Token ids of ``messages`` (and ``tools``) rendered with the model's chat template (``render_chat``).
 
     The template's own markers become control tokens, but control-token text
     inside a message's content (a user typing ``<|im_end|>``) is tokenized
@@ -172,7 +188,7 @@ def encode_chat(model: Model, tok: Tokenizer, messages: list[dict], add_generati
     nonce = secrets.token_hex(6)
     if tok.control_pattern is not None:
         messages, typed = _hide_control_text(messages, tok.control_pattern, nonce)
-    text = render_chat(model, tok, messages, add_generation_prompt)
+    text = render_chat(model, tok, messages, add_generation_prompt, tools)
     bos = tok.piece(tok.bos).decode("utf-8", "replace") if tok.bos >= 0 else None
     parts = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", text) if typed else [text]
     ids = tok.encode(parts[0], add_special=not (bos and text.startswith(bos)))

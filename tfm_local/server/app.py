@@ -7,6 +7,12 @@ Every request is checked before it queues for the Engine (model id, fields,
 prompt length against the context), so bad requests are 4xx JSON errors
 even when streaming; generations then run one at a time (stream.py).
 
+Chat completions take ``tools`` and ``tool_choice`` when the target's chat template renders tools
+(``messages.template_takes_tools``; else they are a 400 unless ``tool_choice`` is "none"): the tools
+are rendered into the prompt, and the calls in the answer become ``message.tool_calls``
+(tool_calls.py; streamed as ``delta.tool_calls``), with finish_reason "tool_calls". "required" and a
+named function are not forced: the answer is returned as the model wrote it.
+
 ``logprobs`` / ``top_logprobs`` (chat) and ``logprobs`` (text completions) add each
 token's log-probability under the target in OpenAI's shapes (logprobs.py).
 ``usage`` carries OpenAI's three counts, ``prompt_tokens_details.cached_tokens``
@@ -44,11 +50,12 @@ from ..decode.stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
 from .logprobs import chat_logprobs, completion_logprobs
 from .middleware import BearerAuth, BodyLimit
-from .messages import template_messages, template_renders_tools
+from .messages import template_messages, template_renders_tools, template_takes_tools
 from .page import add_page_routes
 from .report import live_stats, plain_step_s
-from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest
+from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest, NamedToolChoice
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
+from .tool_calls import ToolCallStream, parse_tool_calls, stream_deltas
 
 
 #: Response header naming how many of a chat request's messages (its oldest turns) were left out.
@@ -57,7 +64,8 @@ DROPPED_HEADER = "X-TFM-Dropped-Messages"
 
 class Service:
     """What the routes share: the runner, the model id, the context size, whether the chat template
-    renders tool use (``tools_ok``) and whether old turns are left out of a long conversation.
+    renders tool use in messages (``tools_ok``) and a request's tools (``tools_rendered``), and whether
+    old turns are left out of a long conversation.
 
     Args:
         engine: a loaded Engine (closed by the app's shutdown).
@@ -75,7 +83,9 @@ class Service:
         self.budget = "auto" if engine.auto is not None else engine.budget
         self.plain_only = engine.active_drafter is None and engine.auto is None  # every step a plain step
         self.tree = "plain" if self.plain_only else engine.tree_mode
-        self.tools_ok = template_renders_tools(engine.target.model.meta("tokenizer.chat_template"))
+        template = engine.target.model.meta("tokenizer.chat_template")
+        self.tools_ok = template_renders_tools(template)
+        self.tools_rendered = template_takes_tools(template)
 
     # -- checks made before a request queues --------------------------------------------
     def check_model(self, model: str) -> None:
@@ -96,10 +106,46 @@ class Service:
             return
         how = "leave it out."
         if name in TOOL_CHOICE or name in TOOL_CHOICE.values():
-            how = ("this server has no function calling. Leave out 'tools' and 'tool_choice', or send "
-                   "\"tool_choice\": \"none\" to have the tools ignored and a text answer.")
+            how = ("it has no function calling here (chat completions take 'tools'). Leave out 'tools' and "
+                   "'tool_choice', or send \"tool_choice\": \"none\" to have the tools ignored and a text answer.")
+            if name in ("functions", "function_call"):
+                how = ("it has no legacy function calling: send 'tools' instead, or \"function_call\": \"none\" "
+                       "to have the functions ignored and a text answer (tool_choice works the same way).")
         raise APIError(400, f"'{name}' is not supported by this server; {how}", param=name,
                        code="unsupported_parameter")
+
+    def chat_tools(self, req: ChatRequest) -> list[dict] | None:
+        """The tool definitions the chat template renders for ``req``: None when there are none to
+        render (no tools, or ``tool_choice`` "none": the tools are ignored).
+
+        Raises APIError 400: tools or a forced ``tool_choice`` ("required", a named function) when the
+        template does not render tools (unsupported_parameter); a forced ``tool_choice`` without
+        tools, a named function not among them, or two tools of one name (invalid_value).
+        """
+        tools, choice = req.tools or [], req.tool_choice
+        if not self.tools_rendered:
+            if (tools and choice != "none") or req.forces_call():
+                param = "tools" if tools else "tool_choice"
+                raise APIError(400, f"'{param}' is not supported with this model: its chat template does not "
+                               "render tools, so there is no function calling. Leave out 'tools' and "
+                               "'tool_choice', or send \"tool_choice\": \"none\" to have the tools ignored and a "
+                               "text answer.", param=param, code="unsupported_parameter")
+            return None
+        names = [t.function.name for t in tools]
+        if req.forces_call() and not tools:
+            raise APIError(400, "'tool_choice' asks for a tool call, but 'tools' lists none; send the tools too.",
+                           param="tool_choice", code="invalid_value")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise APIError(400, f"'tool_choice.function.name': {choice.function.name!r} is not among the "
+                           f"'tools' ({', '.join(names)}).", param="tool_choice.function.name",
+                           code="invalid_value")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise APIError(400, f"'tools' names {', '.join(map(repr, twice))} more than once; each function "
+                           "needs a name of its own.", param="tools", code="invalid_value")
+        if not tools or choice == "none":
+            return None
+        return [t.definition() for t in tools]
 
     @staticmethod
     def completion_prompt(req: CompletionRequest) -> str:
@@ -111,17 +157,18 @@ class Service:
                            "(one completion per request).", param="prompt", code="invalid_value")
         return req.prompt[0]
 
-    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str) -> int:
+    async def token_budget(self, prompt: str | list[dict], limit: int | None, param: str,
+                           tools: list[dict] | None = None) -> int:
         """The max_tokens to generate: ``limit``, cut to what the context leaves after the prompt
-        (all of it when ``limit`` is None). A cut answer ends with finish_reason "length", as with
-        llama.cpp's server and Ollama.
+        (rendered with ``tools`` when given; all of it when ``limit`` is None). A cut answer ends with
+        finish_reason "length", as with llama.cpp's server and Ollama.
 
         Raises a 400 (code context_length_exceeded) when the prompt leaves no room to generate;
         a 400 when it holds no tokens or the template rejects the messages. ``param`` names the
         prompt's field in the errors ("messages" or "prompt").
         """
         try:
-            n_prompt = len(await self.runner.prompt_tokens(prompt))
+            n_prompt = len(await self.runner.prompt_tokens(prompt, tools))
         except ValueError as e:  # ChatTemplateError
             raise APIError(400, str(e), param=param, code="invalid_value") from None
         if n_prompt == 0:
@@ -135,9 +182,11 @@ class Service:
                            f"{hint}.", param=param, code="context_length_exceeded")
         return room if limit is None else min(limit, room)
 
-    async def fit_chat(self, messages: list[dict], limit: int | None) -> tuple[list[dict], int]:
+    async def fit_chat(self, messages: list[dict], limit: int | None,
+                       tools: list[dict] | None = None) -> tuple[list[dict], int]:
         """``messages`` without the oldest turns that do not fit with room for the answer (``limit``
-        tokens, or ``conversation.answer_room``'s share when None), and how many messages were left out;
+        tokens, or ``conversation.answer_room``'s share when None) beside the rendered ``tools`` (when
+        given), and how many messages were left out;
         ``messages`` unchanged and 0 when the service does not truncate.
 
         Raises a 400 (code context_length_exceeded) when the system messages and the last turn alone
@@ -146,7 +195,7 @@ class Service:
         if not self.truncate:
             return messages, 0
         try:
-            fitted = await self.runner.fit(messages, answer_room(self.n_ctx, limit))
+            fitted = await self.runner.fit(messages, answer_room(self.n_ctx, limit), tools)
         except ConversationTooLong as e:
             what = "the system messages and the last turn of 'messages'" if e.n_dropped else "'messages'"
             raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens; {what} came to "
@@ -201,6 +250,13 @@ async def parse_body(request: Request, model: type[BaseModel]):
         return model.model_validate_json(await request.body())
     except ValidationError as e:
         raise validation_error(e.errors()) from None
+
+
+def finish_reason(generation: str, called: bool) -> str:
+    """A chat answer's finish_reason: "tool_calls" when it made a call and the generation stopped by
+    itself ("stop": an end-of-generation token or a stop string), else the generation's ("stop",
+    "length": an answer cut at max_tokens or the context stays "length", calls or not)."""
+    return "tool_calls" if called and generation == "stop" else generation
 
 
 def _new_id(prefix: str) -> str:
@@ -272,10 +328,15 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         req = await parse_body(request, ChatRequest)
         svc.check_model(req.model)
         svc.check_supported(req)
-        messages, dropped = await svc.fit_chat(template_messages(req.messages, svc.tools_ok), req.token_limit())
-        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages")
+        tools = svc.chat_tools(req)
+        messages, dropped = await svc.fit_chat(template_messages(req.messages, svc.tools_ok), req.token_limit(),
+                                               tools)
+        max_tokens = await svc.token_budget(messages, req.token_limit(), "messages", tools)
         headers = {DROPPED_HEADER: str(dropped)} if dropped else {}
         kwargs = req.sampling_kwargs()
+        if tools is not None:
+            kwargs["tools"] = tools
+        names = frozenset(t["function"]["name"] for t in tools or ())  # fenced calls must name one
         cid, created = _new_id("chatcmpl"), int(time.time())
         with_logprobs = kwargs["logprobs"] is not None
 
@@ -293,16 +354,21 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
         if req.stream:
             live = req.live_stats()
+            calls = ToolCallStream(names) if tools is not None else None  # None: the text is not parsed
 
             async def chunks():
                 async with svc.runner.generation(messages, max_tokens, **kwargs) as gen:
                     yield chunk({"role": "assistant", "content": ""}, None)
                     async for piece in gen:
-                        c = chunk({"content": piece}, None, gen.new_records())
-                        if live:
-                            c["x_tfm"] = svc.x_tfm(gen.running)
-                        yield c
-                yield {**chunk({}, gen.stats.finish_reason, gen.new_records()), "x_tfm": svc.x_tfm(gen.stats)}
+                        for delta in [{"content": piece}] if calls is None else stream_deltas(calls.feed(piece)):
+                            c = chunk(delta, None, gen.new_records())
+                            if live:
+                                c["x_tfm"] = svc.x_tfm(gen.running)
+                            yield c
+                    for delta in [] if calls is None else stream_deltas(calls.finish()):
+                        yield chunk(delta, None, gen.new_records())
+                finish = finish_reason(gen.stats.finish_reason, calls is not None and calls.n_calls > 0)
+                yield {**chunk({}, finish, gen.new_records()), "x_tfm": svc.x_tfm(gen.stats)}
                 if req.include_usage():
                     yield {**chunk({}, None), "choices": [], "usage": svc.usage(gen.stats, dropped)}
             return ClosingEventSourceResponse(sse_body(chunks()), headers=headers)
@@ -311,10 +377,15 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         if done is None:
             return JSONResponse({}, status_code=499)  # nobody is listening
         text, stats, records = done
+        message = {"role": "assistant", "content": text, "refusal": None}
+        calls = []
+        if tools is not None:
+            message["content"], calls = parse_tool_calls(text, names)
+        if calls:
+            message["tool_calls"] = [c.message_entry() for c in calls]
         return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": svc.model_name,
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
-                                                                  "refusal": None},
-                                          "logprobs": logprobs(records), "finish_reason": stats.finish_reason}],
+                             "choices": [{"index": 0, "message": message, "logprobs": logprobs(records),
+                                          "finish_reason": finish_reason(stats.finish_reason, bool(calls))}],
                              "usage": svc.usage(stats, dropped)}, headers=headers)
 
     @app.post("/v1/completions")

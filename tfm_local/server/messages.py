@@ -1,17 +1,20 @@
 """Chat messages of a request → the dicts the model's GGUF chat template renders.
 
-This server has no function calling: it never answers with ``tool_calls``.
-A conversation that already holds tool use (``tool`` results, assistant
-``tool_calls``, from another model or a client-side loop) is still rendered
-when the model's chat template renders tool use, with each call's
+A conversation that holds tool use (``tool`` results, assistant ``tool_calls``:
+this server's own earlier answers in a client's loop, or another model's) is
+rendered when the model's chat template renders tool use, with each call's
 ``arguments`` (a JSON string on the wire) given to the template as an object,
 as Hugging Face templates expect. A template that does not render tool use
-would silently mangle such messages, so they are a 400 there.
+would silently mangle such messages, so they are a 400 there. Whether a
+template renders a request's ``tools`` is ``template_takes_tools``.
 """
 from __future__ import annotations
 
 import json
 import re
+
+import jinja2
+import jinja2.meta
 
 from .errors import APIError
 from .schemas import Message, ToolCall
@@ -26,6 +29,19 @@ def template_renders_tools(template: str | None) -> bool:
     """True when a chat template's Jinja source handles tool use: it reads ``tool_calls`` or tests a
     role against "tool" (Qwen2.5, Llama 3.1, Mistral... do; plain ChatML does not)."""
     return bool(template) and _TOOL_USE.search(template) is not None
+
+
+def template_takes_tools(template: str | None) -> bool:
+    """True when a chat template's Jinja source reads the ``tools`` variable (the tool definitions of a
+    request, as Hugging Face's ``apply_chat_template(tools=...)`` passes them); False for no template or
+    one Jinja cannot parse."""
+    if not template:
+        return False
+    try:
+        ast = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).parse(template)
+    except jinja2.TemplateError:
+        return False
+    return "tools" in jinja2.meta.find_undeclared_variables(ast)
 
 
 def _call(call: ToolCall) -> dict:
@@ -62,7 +78,7 @@ def template_messages(messages: list[Message], tools_ok: bool) -> list[dict]:
         used = "role" if m.role == "tool" else "tool_calls" if m.tool_calls else None
         if used and not tools_ok:
             raise APIError(400, f"'messages[{i}].{used}': this model's chat template does not render tool calls "
-                           "or tool results (and this server has no function calling); leave them out.",
+                           "or tool results (and so this server has no function calling with it); leave them out.",
                            param=f"messages[{i}].{used}", code="unsupported_value")
         d = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.tool_calls:

@@ -3,8 +3,9 @@
 Only the fields the engine can honour are declared; other OpenAI fields are
 accepted and ignored (clients send many), except the few in
 ``UNSUPPORTED`` and ``TOOL_CHOICE`` whose non-default values would change
-the answer's meaning (several choices, tools to call, logit biases): those are
-refused with a 400 rather than silently dropped.
+the answer's meaning (several choices, legacy functions to call, logit biases): those are
+refused with a 400 rather than silently dropped. Chat completions declare ``tools`` and
+``tool_choice`` (app.py decides whether the model's template can render them).
 
 Types are strict: ``"max_tokens": "5"`` or ``1.5`` is a 400, not a coercion.
 An explicit ``null`` for an optional field means the field is left out, as
@@ -32,8 +33,10 @@ UNSUPPORTED = {"n": (1,), "tool_choice": ("none", "auto"), "function_call": ("no
                "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
                "response_format": ({"type": "text"},)}
 
-#: Function calling (none here): a non-empty tool list is refused unless its choice field is "none",
-#: which tells the model not to call them: the tools are then ignored.
+#: Function calling where a request does not declare it (text completions; chat's legacy ``functions``):
+#: a non-empty tool list is refused unless its choice field is "none", which tells the model not to call
+#: them: the tools are then ignored. (``ChatRequest`` declares ``tools`` / ``tool_choice``, so they are
+#: not extra fields there.)
 TOOL_CHOICE = {"tools": "tool_choice", "functions": "function_call"}
 
 
@@ -82,6 +85,40 @@ class ToolCall(_Body):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
+
+
+class FunctionDef(_Body):
+    """A function the model may call: ``name``, ``description`` and ``parameters`` (a JSON schema of its
+    arguments object); ``strict`` is passed on to the template, not enforced."""
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    """One entry of ``tools``: ``{"type": "function", "function": FunctionDef}``."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+    def definition(self) -> dict:
+        """The tool as the chat template gets it (OpenAI's shape, fields left out when not given)."""
+        return self.model_dump(exclude_none=True)
+
+
+class FunctionName(_Body):
+    """``{"name": ...}`` of a named ``tool_choice``."""
+
+    name: str
+
+
+class NamedToolChoice(_Body):
+    """``tool_choice`` naming the function to call: ``{"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"]
+    function: FunctionName
 
 
 class Message(_Body):
@@ -176,6 +213,12 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice] | None = None
+
+    def forces_call(self) -> bool:
+        """True when ``tool_choice`` asks for a call: "required" or a named function."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     def n_logprobs(self) -> int | None:
         """``top_logprobs`` (0 when not given) when ``logprobs`` is true, else None."""

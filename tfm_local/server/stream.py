@@ -139,32 +139,34 @@ class EngineRunner:
             raise shutting_down()
         return self.engine
 
-    async def prompt_tokens(self, prompt: str | list[dict]) -> list[int]:
-        """Token ids of ``prompt`` (text, or messages rendered with the chat template), in a worker thread.
+    async def prompt_tokens(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of ``prompt`` (text, or messages rendered with the chat template, with ``tools`` when
+        given: ``Engine.prompt_tokens``), in a worker thread.
 
         Tokenizing reads only the vocabulary, so it runs without the lock, beside a generation.
         Raises ValueError (ChatTemplateError) when the template rejects the messages.
         """
-        return await anyio.to_thread.run_sync(self._live().prompt_tokens, prompt)
+        return await anyio.to_thread.run_sync(self._live().prompt_tokens, prompt, tools)
 
-    async def fit(self, messages: list[dict], reserve: int):
-        """``conversation.fit_conversation`` of ``messages`` in this Engine's context, leaving ``reserve``
-        tokens for the answer; in a worker thread, without the lock (it only tokenizes, as
-        ``prompt_tokens``). Returns a ``conversation.Fitted``.
+    async def fit(self, messages: list[dict], reserve: int, tools: list[dict] | None = None):
+        """``conversation.fit_conversation`` of ``messages`` (rendered with ``tools`` when given) in this
+        Engine's context, leaving ``reserve`` tokens for the answer; in a worker thread, without the lock
+        (it only tokenizes, as ``prompt_tokens``). Returns a ``conversation.Fitted``.
 
         Raises ConversationTooLong (the last turn alone does not fit), ValueError (ChatTemplateError).
         """
         from ..conversation import fit_conversation
 
         engine = self._live()
-        return await anyio.to_thread.run_sync(fit_conversation, messages, lambda m: len(engine.prompt_tokens(m)),
+        return await anyio.to_thread.run_sync(fit_conversation, messages, lambda m: len(engine.prompt_tokens(m, tools)),
                                               engine.target.n_ctx, reserve)
 
     @asynccontextmanager
     async def generation(self, prompt: str | list[dict], max_tokens: int, **kwargs) -> AsyncIterator[Generation]:
         """Hold the Engine for one generation: ``async with runner.generation(...) as gen: async for piece in gen``.
 
-        ``kwargs`` go to ``Engine.generate`` (temperature, top_p, top_k, min_p, seed, stop, penalties, logprobs).
+        ``kwargs`` go to ``Engine.generate`` (temperature, top_p, top_k, min_p, seed, stop, penalties, logprobs,
+        tools).
         Raises APIError: 400 for what ``Engine.generate`` refuses (ValueError, ContextOverflowError)
         before the first piece, 503 once the runner is stopped or closed (also from the iterator).
         """
