@@ -72,9 +72,9 @@ class Engine:
         target: model spec of the target (path, ``hf://owner/repo/file.gguf`` or a built-in name).
         drafter: drafter spec, ``"auto"`` (the default drafter for the target) or None (plain decoding).
         n_ctx: context length in tokens.
-        budget: draft tokens verified per step: ``"auto"`` (default; chosen per step from measured
-            pass costs and acceptance, plain decoding when speculation does not pay; budget.py),
-            an int (0 = plain decoding), or None (block size - 1 for the chain, 63 for trees).
+        budget: draft tokens verified per step: ``"auto"`` (default; chosen per step from measured costs and
+            acceptance, plain where speculation does not pay; decode/budget/), an int (0 = plain decoding),
+            or None (block size - 1 for the chain, 63 for trees).
         kv_type / drafter_kv_type: KV cache types ("f16", "q8_0").
         n_threads: CPU threads (default: all cores). n_gpu_layers: -1 = all on the GPU when there is one.
         tree: "chain" (the DFlash chain), "ddtree" (best-first tree over the marginals), "wide" (w-wide
@@ -266,10 +266,9 @@ class Engine:
         return self._pass_costs
 
     def prompt_tokens(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
-        """Token ids of a raw prompt string (special-token text parsed), or of chat ``messages``
-        rendered with the target's template (``encode_chat``: control-token text typed inside a
-        message stays plain text), with ``tools`` (OpenAI-style tool definitions, chat only) given
-        to the template."""
+        """Token ids of a raw prompt string (special-token text parsed), or of chat ``messages`` rendered
+        with the target's template (``encode_chat``: control-token text typed inside a message stays plain
+        text) and ``tools`` (OpenAI-style tool definitions, chat only; ValueError with a string)."""
         if isinstance(prompt, str):
             if tools is not None:
                 raise ValueError("tools need chat messages, not a plain prompt string")
@@ -281,11 +280,10 @@ class Engine:
                  stop: list[str] | str | None = None, stream: bool = False, *, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  logprobs: int | None = None, tools: list[dict] | None = None) -> Iterator[str] | str:
-        """Generate text after ``prompt`` (a string or OpenAI-style chat messages).
+        """Generate text after ``prompt`` (a string or OpenAI-style chat messages, with ``tools``).
 
-        Returns the text, or with ``stream=True`` an iterator of text pieces.
-        ``self.stats`` holds the statistics of the last generation (``n_cached``: the prompt tokens the
-        prompt cache kept, ``n_prefilled`` the rest).
+        Returns the text, or with ``stream=True`` an iterator of text pieces. ``self.stats`` holds the
+        statistics of the last generation (``n_cached``: prompt tokens the prompt cache kept).
         The penalties are ``SamplingParams``'s (decode.penalties). ``logprobs``: None = none; n in 0..20 =
         ``self.logprobs`` gets a ``TokenLogprob`` (decode.logprobs) for each token of the text, with its
         ``text_offset`` and its n most likely alternatives, each before the piece that completes its text
