@@ -218,9 +218,8 @@ def test_drafter_kv_matches_fresh_injection(models, engine):
     full = ids + out[:-1]
     fresh = Engine(models["target"], models["drafter"], n_ctx=512, budget=None)
     try:
-        fresh.target.prefill(full)
         fresh.drafter.reset()
-        fresh.drafter.inject(fresh.target.features(slice(0, len(full)), len(full)), 0)
+        fresh.target.prefill(full, lambda s, n: fresh.drafter.inject(fresh.target.features(slice(0, n), n), s))
         ref = np.array(fresh.drafter.marginals(out[-1], pos, 8))
     finally:
         fresh.close()

@@ -38,7 +38,7 @@ class Recorder:
 
 
 def test_context_observer_sees_each_decode_before_and_after(engine):
-    """The target context's observer sees the prefill and one decode a step, of the step's tree size; the
+    """The target context's observer sees the prefill's passes and one decode a step, of the step's tree size; the
     drafter's its own decodes; the tokens are those of a run without observers."""
     plain = list(engine.generate_ids(PROMPT, 16, SamplingParams()))
     tgt, dft = Recorder(), Recorder()
@@ -57,7 +57,9 @@ def test_context_observer_sees_each_decode_before_and_after(engine):
         befores, afters = ev[0::2], ev[1::2]
         assert all(b[0] == "before" and a[0] == "after" and b[2:4] == a[2:4] and a[4] >= 0
                    for b, a in zip(befores, afters))
-    assert [(e[2], e[3]) for e in tgt.events[0::2]] == [("tokens", len(PROMPT))] + [("tokens", n) for n in steps]
+    r = engine.target.prefill_rows  # the prefill's passes
+    chunks = [min(r, len(PROMPT) - s) for s in range(0, len(PROMPT), r)]
+    assert [(e[2], e[3]) for e in tgt.events[0::2]] == [("tokens", n) for n in chunks + steps]
     assert {e[2] for e in dft.events} <= {"tokens", "embeddings"}
     n_events = len(tgt.events)
     engine.prompt_cache.forget()

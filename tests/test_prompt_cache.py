@@ -14,6 +14,7 @@ import pytest
 from tfm_local.decode.prompt_cache import PromptCache, Reuse, common_prefix
 from tfm_local.decode.sampling import SamplingParams
 from tfm_local.engine import Engine
+from tfm_local.lossless import SMALL_BATCH_ROWS, small_batch_exact
 from tfm_local.testing.synth import write_tiny_target
 
 GREEDY = SamplingParams()
@@ -105,6 +106,32 @@ def test_warm_engine_equals_cold_engine(pair, mode, sp):
     finally:
         warm.close()
         cold.close()
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "gemm"])
+def test_a_warm_cache_holds_a_cold_prefills_bits(pair, exact):
+    """Prefilled in exact small passes (``Target.prefill_rows``: the CPU and F32 weights), the cache a
+    conversation left (its prompt prefilled, its answer verified in 16-node chains and cut back) holds the
+    bits a cold prefill of the same tokens writes: a follow-up's logits after a warm prefill equal a cold
+    prefill's bit for bit. In chunks of n_batch (``exact_prefill=False``) the same tokens take one GEMM,
+    and the logits only come close (they differ here by up to ~0.02)."""
+    target, drafter = pair
+    with Engine(target, drafter, n_ctx=512, budget=None) as e:
+        assert small_batch_exact(e.target.model) and e.target.prefill_rows == SMALL_BATCH_ROWS
+        if not exact:
+            e.target.prefill_rows = e.target.n_batch
+        first = e.prompt_tokens(TEXT + " " + TEXT)
+        assert len(first) > 2 * SMALL_BATCH_ROWS  # several prefill passes
+        out = run(e, first, 40, GREEDY)
+        assert e.stats.n_drafted >= 10 * e.stats.n_steps  # verified in chains of many nodes
+        follow = first + out + e.prompt_tokens("and a second question about the fox")[1:]
+        warm = e.target.prefill(follow, keep=e.target.n_past).copy()
+        cold = e.target.prefill(follow).copy()
+        if exact:
+            assert np.array_equal(warm, cold)
+        else:  # the exact case is not vacuous: these splits do compute other bits
+            assert not np.array_equal(warm, cold)
+            np.testing.assert_allclose(warm, cold, atol=0.1)
 
 
 @pytest.mark.parametrize("sp", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -56,18 +56,24 @@ def weight_types(path) -> frozenset[int]:
         return frozenset()
 
 
-def batch_invariant(target, n_nodes: int | None, chain: bool) -> bool:
-    """Whether greedy speculative decoding on ``target`` (``Target``) equals plain decoding token for token
-    by construction: the CPU backend, verification chains (``chain``) of at most ``SMALL_BATCH_ROWS``
-    nodes (``n_nodes``; None = any size: False), every weight of the target's file of
-    ``SMALL_BATCH_TYPES`` (the module doc)."""
-    model = getattr(target, "model", None)
-    if model is None or getattr(model, "on_gpu", False) or not chain or n_nodes is None:
-        return False
-    if n_nodes > SMALL_BATCH_ROWS:
+def small_batch_exact(model) -> bool:
+    """Whether every pass of at most ``SMALL_BATCH_ROWS`` rows of ``model`` (``llama.model.Model``) gives
+    each row the bits of a 1-token pass: the CPU backend and every weight of its file of
+    ``SMALL_BATCH_TYPES`` (the module doc). Such a model's cache, prefilled in passes of that many rows
+    (``Target.prefill_rows``), holds the same bits however its tokens were split into passes."""
+    if model is None or getattr(model, "on_gpu", False):
         return False
     types = weight_types(model.path)
     return bool(types) and types <= SMALL_BATCH_TYPES
+
+
+def batch_invariant(target, n_nodes: int | None, chain: bool) -> bool:
+    """Whether greedy speculative decoding on ``target`` (``Target``) equals plain decoding token for token
+    by construction: verification chains (``chain``) of at most ``SMALL_BATCH_ROWS`` nodes (``n_nodes``;
+    None = any size: False) on a target whose small passes are exact (``small_batch_exact``)."""
+    if not chain or n_nodes is None or n_nodes > SMALL_BATCH_ROWS:
+        return False
+    return small_batch_exact(getattr(target, "model", None))
 
 
 def tie_gap(target, n_nodes: int | None = None, chain: bool = False) -> float:

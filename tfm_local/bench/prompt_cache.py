@@ -7,14 +7,17 @@ with ``--seed``): the last question is answered again (the cache then holds the 
 after a chat turn), a follow-up question is sent with the prompt cache (warm), and the same prompt
 once more with the cache forgotten (cold, a prefill from position 0). Per run: prompt tokens,
 tokens prefilled, tokens kept (``GenerationStats.n_cached``), time to first token (wall time until
-the first token is out) and the ``--followup-tokens`` output; warm and cold outputs must be equal,
-or a greedy divergence must start at a numerical near-tie (``tfm_local.lossless``: the kept cells
-were computed in other batch shapes than a cold prefill's), as the project's lossless checks accept. Last, the
+the first token is out) and the ``--followup-tokens`` output; warm and cold outputs must be equal.
+Where the target's small passes are exact (the CPU: ``exact_cache``) every cell of the cache has the
+same bits however it was computed, and any difference fails; elsewhere (a GPU, trees) a greedy
+divergence may start at a numerical near-tie (``tfm_local.lossless``: the kept cells were computed in
+other batch shapes than a cold prefill's), as the project's lossless checks accept. Last, the
 follow-up is sent twice through tfm-serve's app (in process, its HTTP routes), and the second
 answer's ``usage.prompt_tokens_details.cached_tokens`` is read.
 
 The bar (docs/prompt-cache.md): warm prefill <= 10% of cold's tokens, warm TTFT <= 15% of cold's,
-a repeated request >= 95% of its prompt tokens cached, outputs equal (or a greedy near-tie). Prints a table, writes JSON
+a repeated request >= 95% of its prompt tokens cached, outputs equal (or, where the cache is not exact, a
+greedy near-tie). Prints a table, writes JSON
 (``--json``, with the provenance record); exits 1 when a bar is missed.
 
     tfm-bench cache --json cache.json
@@ -95,16 +98,28 @@ def follow_up(engine, messages: list[dict], answer_tokens: int, followup_tokens:
     cold = timed_generation(engine, conv, followup_tokens, sp)
     equal = warm["output_ids"] == cold["output_ids"]
     near_tie, divergence = None, None
+    exact = exact_cache(engine)
     if not equal and sp.greedy:
         d = classify(engine.target, cold["prompt_ids"], cold["output_ids"], warm["output_ids"])
-        near_tie = bool(d is not None and d.near_tie)
+        near_tie = bool(d is not None and d.near_tie) and not exact  # exact: any difference is a bug
         divergence = None if d is None else dict(index=d.index, cold_token=d.ref_token, warm_token=d.out_token,
                                                  gaps=d.gaps, near_tie=d.near_tie)
     for x in (warm, cold):
         del x["prompt_ids"]
     return dict(conversation=conv, answered=dict(n_prompt=r["n_prompt"], n_answer=len(r["output_ids"])),
-                warm=warm, cold=cold, equal=equal, near_tie=near_tie, divergence=divergence,
+                warm=warm, cold=cold, exact=exact, equal=equal, near_tie=near_tie, divergence=divergence,
                 prefill_ratio=warm["n_prefilled"] / cold["n_prefilled"], ttft_ratio=warm["ttft_s"] / cold["ttft_s"])
+
+
+def exact_cache(engine) -> bool:
+    """Whether a warm cache must hold a cold prefill's bits (no near-tie excuses a greedy difference): the
+    target prefills in exact small passes (``Target.prefill_rows``, ``lossless.small_batch_exact``) and
+    verifies chains of at most that many nodes (a tree's commit leaves its cells out of position order)."""
+    from ..lossless import SMALL_BATCH_ROWS, small_batch_exact
+
+    t = engine.target
+    return (small_batch_exact(t.model) and t.prefill_rows <= SMALL_BATCH_ROWS
+            and (engine.active_drafter is None or engine.tree_mode == "chain"))
 
 
 def repeated_request(engine, model_name: str, messages: list[dict], max_tokens: int) -> dict:

@@ -6,9 +6,10 @@ starts with the same tokens need not be prefilled from position 0: ``PromptCache
 longest common token prefix and how much of it each cache can give; the engine cuts both caches back
 to it (``Target.prefill``'s ``keep``, ``DFlashDrafter.keep``) and prefills only the rest, as llama.cpp's
 server and Ollama do with their slot's cache. The reused cells are the ones a cold prefill of the same
-tokens would have written, up to float rounding: the tokens the last generation emitted were decoded
-in verification passes of other sizes than a prefill's chunks (the numerics of plain against
-speculative decoding, ``tfm_local.lossless``).
+tokens would have written: bit for bit on the CPU, where the target prefills and verifies chains in
+exact small passes (``Target.prefill_rows``, ``lossless.small_batch_exact``); elsewhere (a GPU, trees)
+up to float rounding, as the tokens the last generation emitted were decoded in verification passes
+of other sizes than a prefill's chunks (``tfm_local.lossless``).
 
 Rules (each also a reason to keep less, down to a cold prefill):
 
