@@ -84,12 +84,28 @@ def free_port() -> int:
 @pytest.fixture
 def server(target, env, tmp_path):
     """``tfm-serve`` on the tiny target on a free loopback port: yields its /v1 URL, then stops it."""
+    yield from serve(target, env, tmp_path)
+
+
+@pytest.fixture
+def tools_server(env, tmp_path):
+    """``tfm-serve`` (as ``server``) on a tiny target whose chat template renders tools as Qwen2.5's does."""
+    from tfm_local.testing.synth import write_tiny_target
+
+    from test_tool_calls import QWEN_STYLE_TEMPLATE
+
+    target = write_tiny_target(tmp_path / "tools.gguf", n_layer=2, chat_template=QWEN_STYLE_TEMPLATE)
+    yield from serve(target, env, tmp_path, n_ctx=2048)  # the tools fill a tiny vocabulary's context
+
+
+def serve(target, env, tmp_path, n_ctx: int = 512):
+    """The ``server`` fixtures' body: start tfm-serve on ``target``, yield its /v1 URL, stop it."""
     import httpx
 
     port = free_port()
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "tfm_local.cli.serve", "--target", str(target),
-                             "--drafter", "random", "--n-ctx", "512", "--port", str(port),
+                             "--drafter", "random", "--n-ctx", str(n_ctx), "--port", str(port),
                              "--model-name", "tiny", "--log-level", "warning"],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -141,6 +157,32 @@ def test_openai_client(server, env):
     assert any(ln.startswith("with penalties: ") for ln in out)
     offsets = next(ln for ln in out if ln.startswith("text_offset (from the start of the prompt):"))
     assert offsets.split(": ", 1)[1].startswith(f"[{len('def reverse(s):')},"), offsets
+
+
+def test_json_schema(server, env):
+    pytest.importorskip("openai")
+    r = run([sys.executable, EXAMPLES / "json_schema.py", "--base-url", server], env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert next(ln for ln in out if ln.startswith("json_schema (")).startswith("json_schema (stop): {"), r.stdout
+    assert any(ln.startswith("parsed: ") for ln in out)
+    assert any(ln.startswith("json_object (") for ln in out)
+    assert "grammar: Answer: yes" in out or "grammar: Answer: no" in out, r.stdout
+    assert any(ln.startswith("bad schema: 400 ") for ln in out), r.stdout
+
+
+def test_tool_call(tools_server, env):
+    pytest.importorskip("openai")
+    r = run([sys.executable, EXAMPLES / "tool_call.py", "--base-url", tools_server], env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert "finish_reason: tool_calls" in out, r.stdout
+    call = next(ln for ln in out if ln.startswith("call: get_weather "))
+    args = json.loads(call.split(" ", 2)[2])
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    assert any(ln.startswith("answer (") for ln in out)
+    required = next(ln for ln in out if ln.startswith("required: "))
+    assert required.split(" ")[1] in ("get_weather", "get_time")
 
 
 def test_convert_drafter(target, env, tmp_path):

@@ -22,7 +22,7 @@ from .decode.methods import DraftMethod, check_method_options, make_method
 from .decode.prompt_cache import PromptCache
 from .decode.step import run_step, set_capture
 from .decode.verify import Target
-from .decode.warmup import warm_up
+from .decode.warmup import warm_drafter, warm_up
 from .llama.tokenizer import StreamDecoder, encode_chat
 from .stops import StopMatcher
 from .token_text import TokenSpans
@@ -166,10 +166,8 @@ class Engine:
         self.set_budget(budget)
         self.tok = self.target.tok
         self.stats = GenerationStats()
-        #: None, or ``fn(record, stretch)`` called after each decode step of a generation (tools: timers,
-        #: traces): ``record`` the step's ``decode.step.StepRecord``, after the statistics and the automatic
-        #: budget took it; ``stretch`` True for a plain step of the automatic budget's plain stretch (run
-        #: without the drafter). Unset, a step costs one test of this attribute.
+        #: None, or ``fn(record, stretch)`` after each decode step (timers, traces): ``record`` its ``decode.step.
+        #: StepRecord`` (after the statistics and the budget took it); ``stretch``: a plain stretch's step.
         self.on_step = None
         #: the last generation's per-token records when it asked for them (``generate``'s ``logprobs``)
         self.logprobs: list[TokenLogprob] = []
@@ -191,6 +189,9 @@ class Engine:
             self.auto = self.budget_policy() if self.drafter is not None else None
             if self._warm:
                 self._warm_up(auto=True)
+            elif self.drafter is not None and not self._drafter_warmed:  # its first probe's cost must be warm
+                self.prompt_cache.forget()  # warm_drafter empties the drafter's cache
+                self._drafter_warmed = warm_drafter(self.target, self.drafter, self.auto.draft_costs)
             return
         self.auto = None
         default, max_budget = (self.method.budget_bounds(self.drafter.block_size, self.target.n_batch)
@@ -245,10 +246,9 @@ class Engine:
         self.method.prepare(self.target)
 
     def budget_policy(self, method: str | None = None) -> BudgetPolicy:
-        """The automatic budget's policy of a drafting method (default: the current one, ``tree_mode``), made
-        at first use and kept across ``set_budget`` / ``set_draft`` (gain curves and draft times differ by
-        method; the target's pass costs are shared). ``self.auto`` is the current method's while the
-        budget is "auto"."""
+        """The automatic budget's policy of a drafting method (default: the current one), made at first use and
+        kept across ``set_budget`` / ``set_draft`` (gain curves and draft times differ by method; the target's
+        pass costs are shared). ``self.auto`` is the current method's while the budget is "auto"."""
         method = self.tree_mode if method is None else method
         if method not in self._auto_states:
             self._auto_states[method] = BudgetPolicy(self.budget_config, costs=self._pass_costs)
@@ -261,8 +261,7 @@ class Engine:
 
     @property
     def pass_costs(self) -> PassCosts:
-        """The target's measured pass costs on this machine (seconds by token count; filled by the warm-up
-        and the automatic budget's steps, shared by every draft shape). Read-only use."""
+        """The target's measured pass costs (seconds by token count; warm-up and budget steps fill it). Read-only."""
         return self._pass_costs
 
     def prompt_tokens(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -279,12 +278,13 @@ class Engine:
                  top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
                  stop: list[str] | str | None = None, stream: bool = False, *, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 logprobs: int | None = None, tools: list[dict] | None = None) -> Iterator[str] | str:
+                 logprobs: int | None = None, tools: list[dict] | None = None,
+                 grammar: str | None = None) -> Iterator[str] | str:
         """Generate text after ``prompt`` (a string or OpenAI-style chat messages, with ``tools``).
 
         Returns the text, or with ``stream=True`` an iterator of text pieces. ``self.stats`` holds the
         statistics of the last generation (``n_cached``: prompt tokens the prompt cache kept).
-        The penalties are ``SamplingParams``'s (decode.penalties). ``logprobs``: None = none; n in 0..20 =
+        Penalties, ``grammar`` (GBNF): as ``SamplingParams``'s. ``logprobs``: None = none; n in 0..20 =
         ``self.logprobs`` gets a ``TokenLogprob`` (decode.logprobs) for each token of the text, with its
         ``text_offset`` and its n most likely alternatives, each before the piece that completes its text
         is yielded (the end-of-generation token and tokens after a stop string have none).
@@ -299,7 +299,7 @@ class Engine:
             raise ValueError("stop must be a string or a list of strings")
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, grammar=grammar)
         if logprobs is not None:
             check_top_logprobs(logprobs)
         ids = self.prompt_tokens(prompt, tools)
@@ -372,9 +372,9 @@ class Engine:
         serial = self._generation
         st = self.stats = GenerationStats(n_prompt=len(prompt_ids), finish_reason="length")
         t0 = time.perf_counter()
-        # penalties and log-probabilities need each chosen row on the host (decode.host_choice)
-        host = sp.penalised or logprobs is not None
-        choose = HostChooser(sp, prompt_ids, logprobs) if host else TokenChooser(sp)
+        # penalties, a grammar and log-probabilities need each chosen row on the host (decode.host_choice)
+        host = sp.penalised or sp.grammar is not None or logprobs is not None
+        choose = HostChooser(sp, prompt_ids, logprobs, self.target.model) if host else TokenChooser(sp)
         self._records = choose.records if logprobs is not None else None
         tgt, dft = self.target, self.active_drafter
         auto = self.auto if dft is not None else None

@@ -18,6 +18,8 @@
                       growth after warm-up
 - ``prompt_cache``    ``tfm-bench cache``: a follow-up chat turn warm (the prompt cache) against cold, TTFT and
                       tokens prefilled, outputs compared; a repeated request's cached tokens through tfm-serve
+- ``structured``      ``tfm-bench structured``: plain against speculative decoding under a grammar (JSON-schema
+                      answers, forced tool calls): tokens/s, τ, equal and valid outputs
 - ``load``            ``tfm-bench load``: tfm-serve under concurrent streaming clients, dropped streams and bad
                       bodies: 5xx, failed requests, greedy answers against the idle server's, TTFT, memory
 - ``trees``           ``tfm-bench trees``: ms of a tree with the Weaver, the TfM heap against DARTree on the host

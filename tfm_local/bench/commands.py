@@ -46,6 +46,8 @@ COMMANDS: dict[str, Command] = {
     "soak": Command("soak", "tfm-bench-soak", "many generations in one process: caches checked, memory growth"),
     "cache": Command("prompt_cache", None, "a follow-up chat turn with the prompt cache against cold: TTFT, "
                                                   "tokens prefilled"),
+    "structured": Command("structured", None, "plain against speculative decoding under a grammar: JSON "
+                                              "schema answers and forced tool calls"),
     "load": Command("load", "tfm-bench-load", "tfm-serve under concurrent streaming clients, dropped streams and bad "
                                               "bodies"),
 }

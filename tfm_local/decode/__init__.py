@@ -22,6 +22,9 @@ the engine calls it once per step):
 - ``sampling`` the target's processed distribution and the draw (temperature, top-k, top-p, min-p)
 - ``penalties`` frequency, presence and repeat penalties on the target's logits (``Penalties``)
 - ``logprobs`` an emitted token's log-probability and its most likely alternatives (``TokenLogprob``)
-- ``host_choice`` the token choice on the host with penalties and log-probability records (``HostChooser``)
+- ``grammar``  a GBNF grammar over the target's vocabulary (llama.cpp's matcher): the tokens it allows,
+               the drafts it rejects cut; ``json_grammar`` for JSON objects and schemas
+- ``host_choice`` the token choice on the host with penalties, a grammar and log-probability records
+               (``HostChooser``)
 - ``stats``    per-generation counters and the time split (``GenerationStats``)
 """

@@ -45,6 +45,9 @@ class SamplingParams:
     far; repeat_penalty (> 0, 1 = off) over the last ``repeat_last_n`` tokens of prompt and output (-1 = all
     of them, 0 = off), as llama.cpp's. They change the logits before everything above (``penalties``);
     greedy decoding takes the argmax of the penalised logits.
+    grammar: GBNF text (start rule ``root``) the output must follow, or None: greedy takes the argmax of
+    the tokens it allows next; sampling draws among the kept tokens it allows (``host_choice.
+    constrained_draw``; ``grammar.Grammar``).
     Raises ValueError naming the field on a value of the wrong type or out of range.
     """
 
@@ -57,8 +60,11 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    grammar: str | None = None
 
     def __post_init__(self):
+        if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):
+            raise ValueError(f"grammar must be GBNF text, got {self.grammar!r}")
         t, p, m = _real("temperature", self.temperature), _real("top_p", self.top_p), _real("min_p", self.min_p)
         k = _integer("top_k", self.top_k)
         if self.seed is not None:

@@ -6,7 +6,8 @@ is not in it yet and is the root of this step's tree. A step:
 1. **budget** ``k`` drafted nodes (``draft_limit``; the automatic budget may pick fewer, 0 = plain);
 2. **draft** one drafter pass over the block after ``last`` (draft.py) and **tree**: the drafting
    method's tree of ``k`` nodes (``methods``: the chain, DDTree or the w-wide heap over the top-K
-   marginals ``[D, K]``, TfM and DARTree scored by a Weaver, a DFlash2 drafter's lattice trees);
+   marginals ``[D, K]``, TfM and DARTree scored by a Weaver, a DFlash2 drafter's lattice trees), less
+   the nodes a request's grammar rejects (``grammar.Grammar.cut``);
 3. **verify** the tree ``[1 + k]`` nodes in one target pass (verify.py): the target's choice per node,
    by the generation's rule (backend argmax, or the host's argmax / sample of the node's logits);
 4. **accept**: the lossless walk from the root along the target's choices (accept.py);
@@ -114,16 +115,20 @@ def set_capture(target: Target, drafter: DFlashDrafter, on: bool) -> bool:
 
 
 def draft_tree(drafter: DFlashDrafter, method: DraftMethod, last: int, pos: int, k: int, k_plan: int,
-               with_curve: bool, clock: PhaseClock) -> tuple[Tree, np.ndarray | None]:
-    """One drafter pass after ``last`` at position ``pos`` → a draft tree of ``k`` nodes (root excluded),
-    built by the drafting ``method`` (``methods.DraftMethod.draft``).
+               with_curve: bool, clock: PhaseClock, cut=None) -> tuple[Tree, np.ndarray | None]:
+    """One drafter pass after ``last`` at position ``pos`` → a draft tree of at most ``k`` nodes (root
+    excluded), built by the drafting ``method`` (``methods.DraftMethod.draft``).
 
     ``with_curve`` (automatic budget): the tree is first built for ``k_plan`` ≥ k nodes to get the gain
     curve ``[k_plan]`` (budget.gain_curve), then cut to its first ``k`` nodes; otherwise ``k_plan == k``
     and the curve is None. The caller bounds ``k_plan`` by the room in the context (``draft_limit``).
-    ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
+    ``cut``: None, or ``fn(tree) -> tree`` removing the nodes a request's grammar rejects
+    (``HostChooser.cut``), applied first: the curve prices what can be accepted, and the budget's
+    ``k`` nodes are allowed ones. ``clock`` gets the drafter pass ("drafter") and the tree building ("tree").
     """
     tree = method.draft(drafter, last, pos, k_plan, clock, path_logp=with_curve)
+    if cut is not None:
+        tree = cut(tree)
     curve = gain_curve(tree.logp[1:], k_plan) if with_curve else None
     tree = tree.truncate(k) if with_curve else tree
     clock.mark("tree")
@@ -165,7 +170,8 @@ def run_step(target: Target, drafter: DFlashDrafter | None, method: DraftMethod,
             drafter.flush()
             clock.mark("drafter")
             rec.t_sync = rec.phases["drafter"]
-        tree, rec.curve = draft_tree(drafter, method, last, pos, k, plan.depth, plan.curve, clock)
+        tree, rec.curve = draft_tree(drafter, method, last, pos, k, plan.depth, plan.curve, clock,
+                                     cut=getattr(choose, "cut", None))
     else:
         tree = Tree.root(last)
     # verify → accept → commit

@@ -84,6 +84,16 @@ class Tree:
         n = min(len(self), n_drafted + 1)
         return Tree(self.parents[:n].copy(), self.tokens[:n].copy(), self.depth[:n].copy(), self.logp[:n].copy())
 
+    def select(self, keep: np.ndarray) -> "Tree":
+        """The nodes where ``keep`` (bool ``[N]``) is True, in their order, parents renumbered. ``keep`` must
+        hold the root and every kept node's parent (ValueError otherwise)."""
+        keep = np.asarray(keep, bool)
+        if keep.shape != (len(self),) or not keep[0] or not keep[self.parents[1:][keep[1:]]].all():
+            raise ValueError("the kept nodes must include the root and every kept node's parent")
+        new = np.cumsum(keep) - 1
+        parents = np.where(self.parents[keep] < 0, -1, new[np.maximum(self.parents[keep], 0)]).astype(np.int32)
+        return Tree(parents, self.tokens[keep].copy(), self.depth[keep].copy(), self.logp[keep].copy())
+
 Rescore = Callable[[Tree, list[tuple[int, int, int]]], np.ndarray]
 
 

@@ -11,7 +11,13 @@ Chat completions take ``tools`` and ``tool_choice`` when the target's chat templ
 (``messages.template_takes_tools``; else they are a 400 unless ``tool_choice`` is "none"): the tools
 are rendered into the prompt, and the calls in the answer become ``message.tool_calls``
 (tool_calls.py; streamed as ``delta.tool_calls``), with finish_reason "tool_calls". "required" and a
-named function are not forced: the answer is returned as the model wrote it.
+named function are forced: the answer is generated under ``tool_calls.forced_call_grammar``, exactly
+one call of that function (or of one of the tools) whose arguments follow its ``parameters`` schema.
+
+``response_format`` (``json_object``, ``json_schema``) and the extension ``grammar`` (GBNF) constrain
+the answer of either endpoint with the decode loop's grammar (``SamplingParams.grammar``;
+docs/structured-outputs.md); ``Service.answer_grammar`` compiles it before the request queues, so a
+bad schema or grammar is a 400 before a stream's first chunk.
 
 ``logprobs`` / ``top_logprobs`` (chat) and ``logprobs`` (text completions) add each
 token's log-probability under the target in OpenAI's shapes (logprobs.py).
@@ -46,6 +52,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from ..conversation import ConversationTooLong, answer_room
+from ..decode.grammar import GrammarError, json_grammar
 from ..decode.stats import GenerationStats
 from .errors import APIError, install_handlers, validation_error
 from .logprobs import chat_logprobs, completion_logprobs
@@ -55,7 +62,7 @@ from .page import add_page_routes
 from .report import live_stats, plain_step_s
 from .schemas import TOOL_CHOICE, ChatRequest, CompletionRequest, NamedToolChoice
 from .stream import ClosingEventSourceResponse, EngineRunner, sse_body
-from .tool_calls import ToolCallStream, parse_tool_calls, stream_deltas
+from .tool_calls import CLOSE, OPEN, ToolCallStream, forced_call_grammar, parse_tool_calls, stream_deltas
 
 
 #: Response header naming how many of a chat request's messages (its oldest turns) were left out.
@@ -86,6 +93,8 @@ class Service:
         template = engine.target.model.meta("tokenizer.chat_template")
         self.tools_ok = template_renders_tools(template)
         self.tools_rendered = template_takes_tools(template)
+        # a forced call's tags as the vocabulary's own tokens where it has them (Qwen2.5's <tool_call>)
+        self.special_tags = all(len(engine.tok.encode(t, add_special=False)) == 1 for t in (OPEN, CLOSE))
 
     # -- checks made before a request queues --------------------------------------------
     def check_model(self, model: str) -> None:
@@ -146,6 +155,41 @@ class Service:
         if not tools or choice == "none":
             return None
         return [t.definition() for t in tools]
+
+    async def answer_grammar(self, req, tools: list[dict] | None = None) -> str | None:
+        """The GBNF the answer must follow, None for free text: a forced call's (``tools``: the chat tools
+        rendered, and ``tool_choice`` "required" or a named function; any ``response_format`` is then
+        moot, as a call has no text), else the request's ``grammar``, else its ``response_format``'s
+        (``json_object``: any JSON object; ``json_schema``: the schema's values).
+
+        The grammar is compiled against the target's vocabulary here, before the request queues.
+        Raises APIError 400 (invalid_value): ``grammar`` beside a non-text ``response_format`` or a
+        forced call, a schema the converter refuses, a grammar llama.cpp cannot parse.
+        """
+        fmt = req.response_format if req.response_format is not None and req.response_format.type != "text" else None
+        forced = tools is not None and req.forces_call()
+        if req.grammar is not None and (fmt is not None or forced):
+            other = "'response_format'" if fmt is not None else "a forced 'tool_choice'"
+            raise APIError(400, f"'grammar' and {other} both constrain the answer; send one of them.",
+                           param="grammar", code="invalid_value")
+        try:
+            if forced:
+                param = "tools"
+                name = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+                gbnf = forced_call_grammar(tools, name, self.special_tags)
+            elif req.grammar is not None:
+                param, gbnf = "grammar", req.grammar
+            elif fmt is not None:
+                schema = fmt.json_schema.json_schema if fmt.type == "json_schema" else None
+                param = "response_format.json_schema.schema" if schema is not None else "response_format"
+                gbnf = json_grammar(schema)
+            else:
+                return None
+            await self.runner.check_grammar(gbnf)
+        except GrammarError as e:
+            what = "a tool's 'parameters' schema" if param == "tools" else f"'{param}'"
+            raise APIError(400, f"Invalid value for {what}: {e}.", param=param, code="invalid_value") from None
+        return gbnf
 
     @staticmethod
     def completion_prompt(req: CompletionRequest) -> str:
@@ -336,6 +380,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         kwargs = req.sampling_kwargs()
         if tools is not None:
             kwargs["tools"] = tools
+        grammar = await svc.answer_grammar(req, tools)
+        if grammar is not None:
+            kwargs["grammar"] = grammar
         names = frozenset(t["function"]["name"] for t in tools or ())  # fenced calls must name one
         cid, created = _new_id("chatcmpl"), int(time.time())
         with_logprobs = kwargs["logprobs"] is not None
@@ -397,6 +444,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         prompt = svc.completion_prompt(req)
         max_tokens = await svc.token_budget(prompt, req.token_limit(), "prompt")
         kwargs = req.sampling_kwargs()
+        grammar = await svc.answer_grammar(req)
+        if grammar is not None:
+            kwargs["grammar"] = grammar
         cid, created = _new_id("cmpl"), int(time.time())
 
         def logprobs(records) -> dict | None:

@@ -14,7 +14,9 @@ is a 400.
 Ranges follow OpenAI (temperature 0..2, top_p 0..1, penalties -2..2, top_logprobs
 0..20). ``top_k``, ``min_p``, ``repeat_penalty`` and ``repeat_last_n`` are
 extensions, as in llama.cpp's server; text completions take ``logprobs`` up to 20
-(OpenAI's limit there is 5).
+(OpenAI's limit there is 5). Both endpoints take ``response_format`` (text, ``json_object``,
+``json_schema``) and the extension ``grammar`` (GBNF text, as llama.cpp's server takes it); app.py
+turns them into the generation's grammar (docs/structured-outputs.md).
 """
 from __future__ import annotations
 
@@ -30,8 +32,7 @@ MAX_TOKENS = 1 << 24
 
 #: Field → the values that mean "off" (None always does); any other value is refused as unsupported.
 UNSUPPORTED = {"n": (1,), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
-               "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
-               "response_format": ({"type": "text"},)}
+               "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},)}
 
 #: Function calling where a request does not declare it (text completions; chat's legacy ``functions``):
 #: a non-empty tool list is refused unless its choice field is "none", which tells the model not to call
@@ -142,6 +143,31 @@ class Message(_Body):
         return "".join(p.text for p in self.content)
 
 
+class JSONSchemaFormat(_Body):
+    """``response_format.json_schema``: ``name`` (required, as OpenAI requires it), ``description``,
+    ``schema`` (the JSON schema of the answer; left out: any JSON object) and ``strict`` (accepted; the
+    grammar always enforces the schema)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}`` (a JSON
+    object) or ``{"type": "json_schema", "json_schema": JSONSchemaFormat}`` (a JSON value of the schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("'json_schema' is required when 'type' is \"json_schema\"")
+        return self
+
+
 class _Sampling(_Body):
     """Fields shared by chat and text completions."""
 
@@ -160,6 +186,12 @@ class _Sampling(_Body):
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    grammar: Annotated[str, Field(min_length=1)] | None = None
+
+    def constrained(self) -> bool:
+        """True when ``response_format`` or ``grammar`` asks for constrained output (not plain text)."""
+        return self.grammar is not None or (self.response_format is not None and self.response_format.type != "text")
 
     def include_usage(self) -> bool:
         """True when a streamed answer ends with a usage chunk."""

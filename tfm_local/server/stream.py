@@ -148,6 +148,15 @@ class EngineRunner:
         """
         return await anyio.to_thread.run_sync(self._live().prompt_tokens, prompt, tools)
 
+    async def check_grammar(self, gbnf: str) -> None:
+        """Compile ``gbnf`` against the target's vocabulary and free it, in a worker thread without the
+        lock (it reads only the vocabulary). Raises ``decode.grammar.GrammarError`` when llama.cpp cannot
+        parse it."""
+        from ..decode.grammar import Grammar
+
+        model = self._live().target.model
+        await anyio.to_thread.run_sync(lambda: Grammar(model, gbnf).close())
+
     async def fit(self, messages: list[dict], reserve: int, tools: list[dict] | None = None):
         """``conversation.fit_conversation`` of ``messages`` (rendered with ``tools`` when given) in this
         Engine's context, leaving ``reserve`` tokens for the answer; in a worker thread, without the lock
@@ -166,7 +175,7 @@ class EngineRunner:
         """Hold the Engine for one generation: ``async with runner.generation(...) as gen: async for piece in gen``.
 
         ``kwargs`` go to ``Engine.generate`` (temperature, top_p, top_k, min_p, seed, stop, penalties, logprobs,
-        tools).
+        tools, grammar).
         Raises APIError: 400 for what ``Engine.generate`` refuses (ValueError, ContextOverflowError)
         before the first piece, 503 once the runner is stopped or closed (also from the iterator).
         """

@@ -24,6 +24,10 @@ feeds it the whole text. What it gives out does not depend on where the text is 
 tail that may begin an opening, trailing whitespace until the next text shows what it is, a
 ``<tool_call>`` block until it closes, and a fenced block while its text can still be the start of a
 call of one of ``names`` (``{"name": "<one of them>"``), until it closes.
+
+``forced_call_grammar`` is the GBNF of exactly one ``<tool_call>`` block whose object names one of the
+request's functions and whose ``arguments`` follow that function's ``parameters`` schema: the grammar
+of a forced ``tool_choice`` ("required" or a named function).
 """
 from __future__ import annotations
 
@@ -34,6 +38,35 @@ from typing import Callable, Union
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE_OPEN, FENCE_CLOSE = "```json\n", "```"
+
+
+def forced_call_grammar(tools: list[dict], name: str | None, special_tags: bool = False) -> str:
+    """GBNF of one tool call as Qwen2.5's template writes it and ``parse_tool_calls`` reads it:
+    ``<tool_call>`` newline, ``{"name": NAME, "arguments": {...}}``, newline, ``</tool_call>``, nothing
+    around it; the arguments follow the function's ``parameters`` JSON schema (any JSON object without
+    one).
+
+    Args:
+        tools: the request's tools, OpenAI's shape (``{"type": "function", "function": {"name", ...}}``).
+        name: the function to call; None: any one of ``tools``.
+        special_tags: write the tags as GBNF token references (``<tool_call>``), which match only the
+            vocabulary's single token of that text (Qwen2.5's added tokens); parsing such a grammar fails
+            with a vocabulary that has no such token. False: text literals, which match any spelling of
+            the tags, the single token included.
+    Raises ValueError when ``name`` is not among ``tools``, ``decode.grammar.GrammarError`` (a
+    ValueError) when a ``parameters`` schema cannot be turned into a grammar.
+    """
+    from ..decode.grammar import json_grammar
+
+    functions = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    if not functions:
+        raise ValueError(f"no tool named {name!r} among the tools" if name else "no tools to call")
+    objects = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                 "arguments": f.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
+    call = json_grammar(objects[0] if len(objects) == 1 else {"anyOf": objects}, root="call")
+    tags = (OPEN, CLOSE) if special_tags else (json.dumps(OPEN), json.dumps(CLOSE))
+    return f'root ::= {tags[0]} "\\n" call "\\n" {tags[1]}\n' + call
 
 
 def new_call_id() -> str:
