@@ -76,7 +76,7 @@ def test_bench_samples_with_one_seed_per_prompt(pair, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 5,
                                "frequency_penalty": 0.0, "presence_penalty": 0.0, "repeat_penalty": 1.0,
-                               "repeat_last_n": 64}
+                               "repeat_last_n": 64, "grammar": None}
     runs = doc["runs"]
     assert all(x["sampled"] for x in runs)
     by = {(x["prompt_id"], x["mode"]): x["output_ids"] for x in runs}

@@ -1,7 +1,7 @@
 """The CPU small-batch products (patch 0015, ggml-cpu/smallbatch.c), driven through cffi on random
 weights and activations: every row of an n-row product (n = 1..16) has the bits of ggml's 1-row
 product of the same pair (the type's vec_dot; the GEMV of the repacked Q4_K layout), for the SIMD
-kernels and the scalar reference (against ggml's generic vec_dot), and the results match a float64
+kernels and the pair-by-pair kernel of builds without SIMD kernels, and the results match a float64
 dot product of the dequantized operands."""
 from __future__ import annotations
 
@@ -34,16 +34,10 @@ void ggml_cpu_smallbatch_ref(int type, int n, float * s, size_t bs, const void *
 void ggml_cpu_smallbatch_x8(int type, int n, float * s, size_t bs, const void * vx, int nr,
                             const void * vy, size_t by, int nc);
 void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
-void ggml_vec_dot_q4_0_q8_0_generic(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
-void ggml_vec_dot_q8_0_q8_0_generic(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
-void ggml_vec_dot_q4_K_q8_K_generic(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
-void ggml_vec_dot_q6_K_q8_K_generic(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
 """
 
 F32, Q4_0, Q8_0, Q4_K, Q6_K, Q8_K = 0, 2, 8, 12, 14, 15
 NAMES = {F32: "f32", Q4_0: "q4_0", Q8_0: "q8_0", Q4_K: "q4_K", Q6_K: "q6_K"}
-GENERIC = {Q4_0: "ggml_vec_dot_q4_0_q8_0_generic", Q8_0: "ggml_vec_dot_q8_0_q8_0_generic",
-           Q4_K: "ggml_vec_dot_q4_K_q8_K_generic", Q6_K: "ggml_vec_dot_q6_K_q8_K_generic"}
 MAX_COLS = 16
 N_ROWS = 24
 
@@ -155,16 +149,13 @@ def test_rows_have_the_bits_of_the_one_row_product(wtype, k):
     _check_float(want, wtype, vt, k, w, bx, a, by)
 
 
-@pytest.mark.parametrize("wtype,k", [s for s in SHAPES if s[0] != F32],
-                         ids=[f"{NAMES[t]}-{k}" for t, k in SHAPES if t != F32])
-def test_scalar_reference_has_the_bits_of_the_generic_vec_dot(wtype, k):
-    ffi, cpu, _ = ggml()
-    try:
-        generic = getattr(cpu, GENERIC[wtype])  # x86/ARM builds export the generic kernels by this name
-    except AttributeError:
-        generic = cpu.ggml_get_type_traits_cpu(wtype).vec_dot  # a generic build: vec_dot is the generic one
+@pytest.mark.parametrize("wtype,k", SHAPES, ids=[f"{NAMES[t]}-{k}" for t, k in SHAPES])
+def test_pair_by_pair_kernel_has_the_bits_of_the_one_row_product(wtype, k):
+    """ggml_cpu_smallbatch_ref, the live kernel of builds without SIMD kernels: strides, columns and
+    rows laid out as ggml_cpu_smallbatch's, each product the type's vec_dot."""
+    _, cpu, _ = ggml()
     w, bx, a, by, vt = _operands(wtype, k, seed=7 * k + wtype)
-    want = _one_row(generic, k, w, bx, a, by)
+    want = _one_row(cpu.ggml_get_type_traits_cpu(wtype).vec_dot, k, w, bx, a, by)
     _check_rows(want, cpu.ggml_cpu_smallbatch_ref, wtype, k, w, bx, a, by)
     _check_float(want, wtype, vt, k, w, bx, a, by)
 
