@@ -24,7 +24,7 @@ from test_engine import PROMPTS, OracleDrafter, assert_same_distribution, run_id
 from test_tree_verify import TreeOracle
 
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"},
-                                           "n": {"type": "integer"}},
+                                           "n": {"type": "integer", "minimum": 7}},
           "required": ["color", "ok", "n"], "additionalProperties": False}
 GBNF = json_grammar(SCHEMA)
 CHOICE = 'root ::= "yes" | "no" | "(" root ")"'
@@ -53,7 +53,7 @@ def text(engine, ids) -> str:
 def check_schema(obj) -> None:
     assert set(obj) == {"color", "ok", "n"}
     assert obj["color"] in ("red", "green", "blue") and isinstance(obj["ok"], bool)
-    assert isinstance(obj["n"], int)
+    assert isinstance(obj["n"], int) and obj["n"] >= 7
 
 
 # -- the grammar itself ---------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_sampled_distribution_equals_plain_under_a_grammar(paths, plain):
 
 def test_integer_bounds_are_enforced():
     """The converter ignores an integer's bounds; json_grammar's grammar of a bounded integer matches
-    exactly its range (read here as a regular expression), a one-sided bound stays unbounded."""
+    exactly its range (read here as a regular expression), with one bound or two."""
     import random
     import re
 
@@ -262,6 +262,22 @@ def test_integer_bounds_are_enforced():
         assert not r.match("-0") and not r.match("0" + str(max(lo, 1)))
     assert "([0-9]) | (\"1\" [0-2])" in json_grammar({"type": "integer", "minimum": 0, "maximum": 12})
     assert "[0-4]" in json_grammar({"type": "integer", "exclusiveMinimum": -0.5, "exclusiveMaximum": 5})
-    assert "integral-part" in json_grammar({"type": "integer", "minimum": 3})
+    one_sided = [(0, None), (1, None), (18, None), (99, None), (100, None), (-1, None), (-250, None),
+                 (None, 0), (None, 7), (None, 1000), (None, -1), (None, -10), (None, -999)]
+    one_sided += [(rng.randint(-5000, 5000), None) for _ in range(20)] + [(None, rng.randint(-5000, 5000))
+                                                                         for _ in range(20)]
+    for lo, hi in one_sided:
+        r = matches(lo, hi)
+        b = lo if lo is not None else hi
+        for x in list(range(b - 300, b + 300)) + [b - 123456789, b + 123456789, -(10 ** 30), 10 ** 30,
+                                                  10 ** 16 - 1, 10 ** 16, 1 - 10 ** 16, -(10 ** 16)]:
+            within = (lo is None or x >= lo) and (hi is None or x <= hi) and abs(x) < 10 ** 16  # 16 digits at most
+            assert bool(r.match(str(x))) == within, (lo, hi, x)
+        assert not r.match("-0") and not r.match("007") and not r.match("-007") and not r.match("")
+    assert "integral-part" not in json_grammar({"type": "integer", "minimum": 3})
+    assert '([0-9]) | ("1" [0-2]) | "-" ([1-9]) | "-" ([1-9] [0-9] ([0-9]' in json_grammar({"type": "integer", "maximum": 12})
+    assert "integral-part" in json_grammar({"type": "integer"})
     with pytest.raises(GrammarError, match="empty"):
         json_grammar({"type": "integer", "minimum": 5, "maximum": 1})
+    with pytest.raises(GrammarError, match="empty"):
+        json_grammar({"type": "integer", "minimum": 10 ** 16})
