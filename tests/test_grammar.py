@@ -68,6 +68,50 @@ def test_a_bad_grammar_or_schema_is_a_clear_error(plain):
         SamplingParams(grammar="")
 
 
+def test_a_grammar_nested_too_deep_is_refused_before_llama_cpp_parses_it(plain):
+    """llama.cpp's parser recurses per group: some ten thousand nested groups kill the process, so deeper
+    than MAX_NESTING is a GrammarError (raw GBNF, or a schema's maxItems / maxLength), and up to it parses."""
+    from tfm_local.decode.grammar import MAX_NESTING, nesting_depth
+
+    deep = "root ::= " + "(" * 30000 + '"a"' + ")" * 30000
+    with pytest.raises(GrammarError, match="nests 30000 groups deep"):
+        Grammar(plain.target.model, deep)
+    with pytest.raises(GrammarError, match="maxItems or maxLength"):
+        Grammar(plain.target.model, json_grammar({"type": "array", "items": {"type": "integer"}, "maxItems": 30000}))
+    Grammar(plain.target.model, "root ::= " + "(" * MAX_NESTING + '"a"' + ")" * MAX_NESTING).close()
+    assert nesting_depth('root ::= ("(" [()] ( "x" # (((\n ) )') == 2  # literals, classes, comments skipped
+
+
+@pytest.mark.parametrize("schema,why", [
+    ({"type": "array", "minItems": 5, "maxItems": 2}, "minItems 5 is more than maxItems 2"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength 5 is more than maxLength 2"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "zzz"],
+      "additionalProperties": False}, "required 'zzz' is not among the properties"),
+    ({"type": "object", "properties": {"a": {"enum": []}}}, "empty enum"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string", "minLength": 3,
+                                                                        "maxLength": 1}}}}, "minLength 3"),
+])
+def test_a_schema_nothing_matches_is_refused(schema, why):
+    with pytest.raises(GrammarError, match=why):
+        json_grammar(schema)
+
+
+def test_a_pattern_matches_anywhere_in_the_string(plain):
+    """JSON Schema's ``pattern`` is unanchored (ECMAScript search): the converter wants ^...$, so json_grammar
+    pads an unanchored side with characters that keep the JSON string whole (no quote, backslash or line
+    break). llama.cpp parses the result."""
+    import re
+
+    from tfm_local.decode.grammar import _anchored
+
+    cases = {"[A-Z]{3}": ["ABC", "xxABCyy", "12ABC"], "^ab": ["ab", "abzz"], "cd$": ["cd", "zzcd"], "^x$": ["x"]}
+    misses = {"[A-Z]{3}": ["AB", "aBC", 'x"ABC'], "^ab": ["zab"], "cd$": ["cdz"], "^x$": ["xx", ""]}
+    for p, good in cases.items():
+        r = re.compile(_anchored(p))
+        assert all(r.fullmatch(t) for t in good) and not any(r.fullmatch(t) for t in misses[p]), p
+        Grammar(plain.target.model, json_grammar({"type": "string", "pattern": p})).close()
+
+
 def test_mask_and_allows_agree_and_accept_advances(plain):
     g = Grammar(plain.target.model, CHOICE)
     tok = plain.tok

@@ -732,6 +732,21 @@ def test_stream_closed_early(server, client, engine):
     check_serves_correctly(server, client, engine)
 
 
+def test_a_client_gone_mid_body_leaves_no_traceback(server, client, engine):
+    """A client that announces a body and leaves before sending it all: the server logs one line (no
+    traceback: the module's server fixture checks its log) and answers the next request."""
+    import socket as socket_
+
+    with socket_.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 500\r\n\r\n{\"model\": \"")
+        time.sleep(0.3)
+    time.sleep(0.3)
+    r = client.chat.completions.create(model=MODEL, messages=chat_msgs("hello"), max_tokens=4, temperature=0)
+    assert r.choices[0].message.content == engine.generate(chat_msgs("hello"), max_tokens=4, temperature=0)
+    assert "Traceback" not in server.log_text()
+
+
 def test_non_streaming_client_timeout_cancels(server, client, engine):
     before = server.wait_idle()["cancelled"]
     with pytest.raises(httpx.TimeoutException):

@@ -215,7 +215,8 @@ def test_a_forced_call_wins_over_response_format_and_refuses_a_grammar(http):
     check_arguments("paint", call["function"]["arguments"])
     assert_error(chat(http, tools=TOOLS, tool_choice="required", grammar=CHOICE), 400, param="grammar",
                  code="invalid_value")
-    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "nonsense"}}}}}
     assert_error(chat(http, tools=[bad], tool_choice="required", stream=True), 400, param="tools",
                  code="invalid_value")
 

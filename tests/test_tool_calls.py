@@ -425,6 +425,8 @@ def test_forced_choice_is_rendered_but_not_enforced(http, scripted, choice):
     ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name", "invalid_value"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "invalid_value"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+      "tool_choice": "required"}, "tools[0].function", "invalid_value"),
 ])
 def test_bad_tool_requests(http, body, param, code):
     assert_error(chat(http, **body), 400, param=param, code=code)

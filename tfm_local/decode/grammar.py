@@ -110,13 +110,48 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None] | None:
     return (max(lows) if lows else None, min(highs) if highs else None) if lows or highs else None
 
 
+def _check_satisfiable(schema: dict) -> None:
+    """Raise ValueError for a schema keyword combination nothing can match (the converter would write a
+    grammar that matches something else)."""
+    for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minProperties", "maxProperties")):
+        lo, hi = schema.get(low), schema.get(high)
+        if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+            raise ValueError(f"{low} {lo} is more than {high} {hi}: nothing matches")
+    if schema.get("enum") == []:
+        raise ValueError("an empty enum matches nothing")
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    if schema.get("additionalProperties") is False and isinstance(schema.get("required"), list):
+        missing = [p for p in schema["required"] if p not in props]
+        if missing:
+            raise ValueError(f"required {missing[0]!r} is not among the properties and additionalProperties "
+                             f"is false: nothing matches")
+
+
+def _anchored(pattern: str) -> str:
+    """A JSON-schema ``pattern`` (matched anywhere in the string, as ECMAScript's ``search``) as the whole-
+    string form the converter takes: ``^A(p)A$``, where ``A`` (any characters but a quote, a backslash or
+    a line break: the converter's ``.`` would let a raw quote end the JSON string) is left out on a side
+    the pattern anchors."""
+    starts = pattern.startswith("^")
+    ends = pattern.endswith("$") and not pattern.endswith("\\$")
+    body = pattern[1 if starts else 0:len(pattern) - 1 if ends else None]
+    pad = '[^"\\\\\\n\\r]*'
+    return f"^{'' if starts else pad}({body}){'' if ends else pad}$"
+
+
 def _converter():
     from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
     class Converter(SchemaConverter):
-        """llama-cpp-python's converter, with integer bounds (``int_range_gbnf``)."""
+        """llama-cpp-python's converter, with integer bounds (``int_range_gbnf``), unanchored patterns
+        (``_anchored``) and unsatisfiable keyword combinations refused (``_check_satisfiable``)."""
+
+        def _visit_pattern(self, pattern, name):
+            return super()._visit_pattern(_anchored(pattern), name)
 
         def visit(self, schema, name):
+            if isinstance(schema, dict):
+                _check_satisfiable(schema)
             bounds = _int_bounds(schema) if isinstance(schema, dict) and schema.get("type") == "integer" else None
             if bounds is None:
                 return super().visit(schema, name)
@@ -150,13 +185,44 @@ def json_grammar(schema: dict | None, root: str = "root") -> str:
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {e}") from None
 
 
+#: the deepest nesting of groups a grammar may have: llama.cpp's GBNF parser recurses once per group,
+#: and a grammar nested some ten thousand groups deep overflows its stack (the process dies). A JSON
+#: schema's converter nests one group per optional item or character (``maxItems``, ``maxLength``).
+MAX_NESTING = 1024
+
+
+def nesting_depth(gbnf: str) -> int:
+    """The deepest nesting of parenthesised groups in GBNF text (literals, character classes and comments
+    skipped)."""
+    depth = deepest = 0
+    i, n = 0, len(gbnf)
+    while i < n:
+        ch = gbnf[i]
+        if ch in "\"[":  # a literal or a character class: up to its unescaped closing character
+            end = '"' if ch == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != end:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif ch == "#":
+            while i < n and gbnf[i] != "\n":
+                i += 1
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
 class Grammar:
     """A compiled GBNF grammar and its state after the tokens accepted so far.
 
     Args:
         model: the target (``llama.model.Model``): its vocabulary's pieces are matched.
         gbnf: the grammar text; ``root`` its start rule.
-    Raises GrammarError when llama.cpp cannot parse it (llama.cpp logs the reason on stderr).
+    Raises GrammarError when llama.cpp cannot parse it (llama.cpp logs the reason on stderr), or when its
+    groups nest deeper than ``MAX_NESTING``.
     """
 
     def __init__(self, model, gbnf: str, root: str = "root", _ptr=None):
@@ -165,6 +231,10 @@ class Grammar:
         if _ptr is None:
             if not isinstance(gbnf, str) or not gbnf.strip():
                 raise GrammarError("the grammar is empty")
+            if (depth := nesting_depth(gbnf)) > MAX_NESTING:
+                raise GrammarError(f"the grammar nests {depth} groups deep, more than the {MAX_NESTING} llama.cpp's "
+                                   f"parser takes (a JSON schema's maxItems or maxLength above about "
+                                   f"{MAX_NESTING} does this)")
             _ptr = lc.llama_sampler_init_grammar(model.vocab, gbnf.encode(), root.encode())
             if not _ptr:
                 raise GrammarError(f"llama.cpp could not parse the grammar (start rule {root!r}): "

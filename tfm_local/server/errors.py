@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("tfm_local.server")
 
@@ -104,6 +105,12 @@ def install_handlers(app: FastAPI) -> None:
             return APIError(404, f"Unknown request URL: {request.method} {request.url.path}.",
                             code="not_found").response()
         return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        # the client left while its body was read: one line, no traceback (the reply goes nowhere)
+        log.info("client disconnected while sending %s %s", request.method, request.url.path)
+        return APIError(400, "The client disconnected before the request body arrived.").response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

@@ -97,6 +97,14 @@ class FunctionDef(_Body):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
+    @model_validator(mode="after")
+    def _arguments_are_an_object(self):
+        kind = (self.parameters or {}).get("type", "object")
+        if kind != "object":  # OpenAI's rule too: the arguments are one JSON object
+            raise ValueError(f"the parameters of {self.name!r} must be a JSON schema of type \"object\", "
+                             f"got type {kind!r}")
+        return self
+
 
 class Tool(_Body):
     """One entry of ``tools``: ``{"type": "function", "function": FunctionDef}``."""
