@@ -169,11 +169,23 @@ def test_completion_matches_engine_and_usage(client, engine):
     assert tfm["budget"] == "auto" and tfm["tau"] >= 1.0 and tfm["tokens_per_s"] > 0
 
 
-def test_repeated_requests_report_cached_tokens(client, engine):
+@pytest.fixture(scope="module")
+def fixed_client(models, tmp_path_factory):
+    """A server with a fixed budget of 3: every generation captures its prompt's features for the drafter.
+    (Under the automatic budget a generation that decodes plainly from its first step captures none, and
+    the next one that drafts keeps of the target's cache only what the drafter holds features of: how
+    much is cached then depends on the budget's measured costs, not only on the prompts.)"""
+    s = Server(models, tmp_path_factory.mktemp("fixed") / "server.log", "--budget", "3")
+    yield openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    assert s.stop() == 0, s.log_text()
+
+
+def test_repeated_requests_report_cached_tokens(fixed_client, engine):
     """The prompt cache across requests (one slot): a repeated request keeps all its prompt tokens but the
     last, a follow-up turn at least the earlier prompt, another conversation only the tokens it shares
     with the cached one; ``usage.prompt_tokens_details.cached_tokens`` says so, streamed or not, chat and
     completions, and the answers are the engine's."""
+    client = fixed_client
     msgs = chat_msgs(CHAT_PROMPTS[3])
     ids = engine.prompt_tokens(msgs)
     want = engine.generate(msgs, max_tokens=12, temperature=0)

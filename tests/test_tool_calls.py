@@ -106,6 +106,9 @@ NO_CALLS = [
     "```python\nprint(1)\n```", '```json\n{"name": "get_weather"',
     '```json\n{"nam```json\n{"name": "get_time"}\n```',
     "``` ```json ```json\n",
+    # an object with a key beside name and arguments (a model summing up a result), fenced or tagged
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}, "response": "sunny"}\n```',
+    '<tool_call>{"name": "f", "arguments": {}, "id": 3}</tool_call>',
 ]
 PARSES += [(text, text, []) for text in NO_CALLS]
 

@@ -14,7 +14,8 @@ block that became a call (the newlines between calls): it is dropped, but for th
 text that follows calls when text came before them (``"A\\n<call>\\nB"`` has content ``"A\\nB"``). An
 answer of calls only has ``content`` None.
 
-A block whose text is not such an object (malformed JSON, no name, arguments that are not an object),
+A block whose text is not such an object (malformed JSON, no name, arguments that are not an object,
+another key: a model that sums up a tool's result in a fenced block writes ``"response"`` beside them),
 or one still open at the end of the answer, is not a call: its text, tags or fences included, stays in
 the content, so nothing is ever invented. A closing tag or fence inside a JSON string ends the block
 there (the JSON is then malformed: content).
@@ -109,13 +110,15 @@ Event = Union[str, ToolCall]
 def parse_call_body(body: str, index: int, new_id: Callable[[], str] = new_call_id) -> ToolCall | None:
     """The call that a block's inner text ``body`` holds, as call ``index`` with the id ``new_id()``
     makes (called only for a call); None when ``body`` is not a JSON object with a non-empty string
-    ``name`` and ``arguments`` an object (absent: ``{}``; a string holding a JSON object is accepted
-    too). Never raises."""
+    ``name``, ``arguments`` an object (absent: ``{}``; a string holding a JSON object is accepted
+    too) and no other key. Never raises."""
     try:
         obj = json.loads(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    if set(obj) - {"name", "arguments"}:  # other keys: not a call but, say, a summary of one's result
         return None
     args = obj.get("arguments", {})
     if isinstance(args, str):
