@@ -290,7 +290,7 @@ def test_integer_bounds_are_enforced():
     import random
     import re
 
-    from tfm_local.decode.grammar import int_range_gbnf
+    from tfm_local.decode.grammar import _int_bounds, int_range_gbnf
 
     def matches(lo, hi):
         pattern = re.sub(r'"(-|\d)"', r"\1", int_range_gbnf(lo, hi)).replace(" ", "")
@@ -310,8 +310,8 @@ def test_integer_bounds_are_enforced():
                  (None, 0), (None, 7), (None, 1000), (None, -1), (None, -10), (None, -999)]
     one_sided += [(rng.randint(-5000, 5000), None) for _ in range(20)] + [(None, rng.randint(-5000, 5000))
                                                                          for _ in range(20)]
-    for lo, hi in one_sided:
-        r = matches(lo, hi)
+    for lo, hi in one_sided:  # the bounds json_grammar gives a schema with only minimum or only maximum
+        r = matches(*_int_bounds({"type": "integer", **({"minimum": lo} if lo is not None else {"maximum": hi})}))
         b = lo if lo is not None else hi
         for x in list(range(b - 300, b + 300)) + [b - 123456789, b + 123456789, -(10 ** 30), 10 ** 30,
                                                   10 ** 16 - 1, 10 ** 16, 1 - 10 ** 16, -(10 ** 16)]:
@@ -319,7 +319,9 @@ def test_integer_bounds_are_enforced():
             assert bool(r.match(str(x))) == within, (lo, hi, x)
         assert not r.match("-0") and not r.match("007") and not r.match("-007") and not r.match("")
     assert "integral-part" not in json_grammar({"type": "integer", "minimum": 3})
-    assert '([0-9]) | ("1" [0-2]) | "-" ([1-9]) | "-" ([1-9] [0-9] ([0-9]' in json_grammar({"type": "integer", "maximum": 12})
+    up_to_12 = json_grammar({"type": "integer", "maximum": 12})
+    assert '([0-9]) | ("1" [0-2]) | "-" ([1-9]) | "-" ([1-9] [0-9]) | ' in up_to_12
+    assert '"-" ([1-9]' + " [0-9]" * 15 + "))" in up_to_12 and '"-" ([1-9]' + " [0-9]" * 16 not in up_to_12
     assert "integral-part" in json_grammar({"type": "integer"})
     with pytest.raises(GrammarError, match="empty"):
         json_grammar({"type": "integer", "minimum": 5, "maximum": 1})

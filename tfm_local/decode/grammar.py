@@ -64,41 +64,21 @@ def _natural_ranges(lo: int, hi: int) -> list[str]:
     return out
 
 
-#: the most digits of an integer without an upper bound (the converter's own integers have at most 16)
+#: the most digits of an integer on a side without a bound (the converter's own integers have at most 16)
 MAX_DIGITS = 16
 
 
-def _naturals_from(lo: int) -> list[str]:
-    """GBNF sequences matching the integers ``lo`` and up (``0 <= lo``) written without leading zeros, of at
-    most ``MAX_DIGITS`` digits: the ones with as many digits as ``lo``, then the longer ones."""
-    d = len(str(lo))
-    out = ['"0"'] if lo == 0 else _natural_ranges(lo, min(10 ** d, 10 ** MAX_DIGITS) - 1)
-    required = d + 1 if lo else 1  # digits of the shortest longer number ("0": any non-zero one)
-    if required <= MAX_DIGITS:
-        more = ""  # then up to MAX_DIGITS - required optional digits
-        for _ in range(MAX_DIGITS - required):
-            more = f" ([0-9]{more})?"
-        out.append("[1-9]" + " [0-9]" * (required - 1) + more)
-    return out
-
-
-def int_range_gbnf(lo: int | None, hi: int | None) -> str:
-    """A GBNF expression matching exactly the JSON integers from ``lo`` to ``hi`` (inclusive; None: no
-    bound on that side, up to ``MAX_DIGITS`` digits there; ``lo <= hi``), e.g. ``-5..12`` or ``18..``."""
-    alts = []
-    if hi is None or hi >= 0:  # the non-negative part
-        lo0 = max(lo, 0) if lo is not None else 0
-        alts += [f"({p})" for p in (_naturals_from(lo0) if hi is None else _natural_ranges(lo0, hi))]
-    if lo is None or lo < 0:  # the negative part: "-" and the magnitudes from max(1, -hi) to -lo
-        m = max(1, -hi) if hi is not None else 1
-        alts += [f'"-" ({p})' for p in (_naturals_from(m) if lo is None else _natural_ranges(m, -lo))]
-    if not alts:
-        raise ValueError(f"the integer range {lo}..{hi} is empty (at most {MAX_DIGITS} digits without a bound)")
+def int_range_gbnf(lo: int, hi: int) -> str:
+    """A GBNF expression matching exactly the JSON integers ``lo..hi`` (``lo <= hi``), e.g. ``-5..12``."""
+    alts = [f"({p})" for p in _natural_ranges(max(lo, 0), hi)] if hi >= 0 else []
+    if lo < 0:
+        alts += [f'"-" ({p})' for p in _natural_ranges(max(1, -hi), -lo)]
     return " | ".join(alts)
 
 
-def _int_bounds(schema: dict) -> tuple[int | None, int | None] | None:
-    """An integer schema's inclusive bounds (None on a side without one), or None when it has neither."""
+def _int_bounds(schema: dict) -> tuple[int, int] | None:
+    """An integer schema's inclusive bounds, a side without one being the ``MAX_DIGITS``-digit limit, or
+    None when it has neither."""
     def num(key):
         v = schema.get(key)
         return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -107,7 +87,9 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None] | None:
             if (v := num(key)) is not None]
     highs = [f(v) for key, f in (("maximum", math.floor), ("exclusiveMaximum", lambda v: math.ceil(v) - 1))
              if (v := num(key)) is not None]
-    return (max(lows) if lows else None, min(highs) if highs else None) if lows or highs else None
+    if not lows and not highs:
+        return None
+    return max(lows, default=1 - 10 ** MAX_DIGITS), min(highs, default=10 ** MAX_DIGITS - 1)
 
 
 def _check_satisfiable(schema: dict) -> None:
@@ -155,7 +137,7 @@ def _converter():
             bounds = _int_bounds(schema) if isinstance(schema, dict) and schema.get("type") == "integer" else None
             if bounds is None:
                 return super().visit(schema, name)
-            if None not in bounds and bounds[0] > bounds[1]:
+            if bounds[0] > bounds[1]:
                 raise ValueError(f"the integer range {bounds[0]}..{bounds[1]} is empty")
             self._add_rule("space", '" "?')
             rule = name + "-" if name in RESERVED_NAMES else name or "root"
