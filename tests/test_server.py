@@ -747,9 +747,7 @@ def test_stream_closed_early(server, client, engine):
 def test_a_client_gone_mid_body_leaves_no_traceback(server, client, engine):
     """A client that announces a body and leaves before sending it all: the server logs one line (no
     traceback: the module's server fixture checks its log) and answers the next request."""
-    import socket as socket_
-
-    with socket_.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 500\r\n\r\n{\"model\": \"")
         time.sleep(0.3)
